@@ -1,0 +1,38 @@
+# Two commands: `make lab` opens the course, `make test` runs every test.
+# Both create .venv on first use. Override TORCH to pick another build, e.g. `make lab TORCH=torch`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.distlab-installed
+LAB_PORT  ?= 8888
+LAB_FLAGS ?=
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
+.PHONY: lab test lint setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m jupyterlab \
+	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	  --ServerApp.root_dir="$(CURDIR)" \
+	  --LabApp.default_url=/lab/tree/notebooks/00_welcome.ipynb \
+	  --LabApp.news_url=None $(ROOT_FLAG) $(LAB_FLAGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench grader
+	$(PY) -m mypy src/distlab
+
+test: $(STAMP) lint
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,199 @@
+"""The kernel's end of every channel: one private Unix socket and one preloaded launcher.
+
+Ranks connect back to the hub and prove they hold its key; the hub hands each connection to the
+pool that asked for it. The launcher imports torch once and forks ranks on demand, so a pool starts
+in a fraction of a second instead of paying one torch import per rank. The kernel itself never
+imports torch here and never forks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from multiprocessing.connection import Connection, wait
+
+from distlab import protocol
+from distlab.errors import PoolDied
+from distlab.protocol import LauncherHello, RankExited, RankHello
+
+LAUNCHER_START_TIMEOUT = 120.0
+
+
+class Hub:
+    """Owns the socket, the key and the launcher process; shared by every pool in this process."""
+
+    _current: Hub | None = None
+
+    def __init__(self) -> None:
+        self.key = secrets.token_bytes(32)
+        self.dir = tempfile.mkdtemp(prefix="distlab-")
+        os.chmod(self.dir, 0o700)
+        self.path = os.path.join(self.dir, "hub.sock")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(64)
+        self._listener.setblocking(False)
+        self._log_path = os.path.join(self.dir, "launcher.log")
+        env = dict(os.environ)
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env["MPLBACKEND"] = "module://distlab.rank_backend"
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self._log_path, "wb") as log:
+            self.launcher = subprocess.Popen(
+                [sys.executable, "-m", "distlab.launcher"],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True, env=env,
+            )
+        assert self.launcher.stdin is not None
+        config = {"path": self.path, "key": self.key.hex(), "parent": os.getpid()}
+        self.launcher.stdin.write(json.dumps(config).encode() + b"\n")
+        self.launcher.stdin.close()
+        self._launcher_conn: Connection | None = None
+        self._arrived: dict[tuple[str, int], dict[int, tuple[Connection, int]]] = defaultdict(dict)
+        self._exits: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+        self.closed = False
+
+    @classmethod
+    def get(cls) -> Hub:
+        """The process-wide hub, started on first use (and again if its launcher died)."""
+        if cls._current is None or not cls._current.alive():
+            if cls._current is not None:
+                cls._current.close()
+            cls._current = cls()
+        return cls._current
+
+    def alive(self) -> bool:
+        return not self.closed and self.launcher.poll() is None
+
+    def launcher_log(self) -> str:
+        try:
+            with open(self._log_path, errors="replace") as log:
+                return log.read()[-4000:]
+        except OSError:
+            return ""
+
+    # --- the launcher -------------------------------------------------------------------------
+    def _launcher(self, timeout: float = LAUNCHER_START_TIMEOUT) -> Connection:
+        deadline = time.monotonic() + timeout
+        while self._launcher_conn is None:
+            if not self.alive():
+                raise PoolDied(f"the distlab launcher exited (code {self.launcher.poll()}):\n{self.launcher_log()}")
+            if time.monotonic() > deadline:
+                raise PoolDied("the distlab launcher did not start in time")
+            self.wait([], 0.05)
+        return self._launcher_conn
+
+    def send_launcher(self, message: protocol.Message) -> None:
+        try:
+            protocol.send(self._launcher(), message)
+        except OSError as exc:
+            raise PoolDied(f"lost the distlab launcher: {exc}\n{self.launcher_log()}") from exc
+
+    # --- waiting ------------------------------------------------------------------------------
+    def wait(self, conns: list[Connection], timeout: float) -> list[Connection]:
+        """Wait for any of ``conns``; meanwhile accept new ranks and record rank exits."""
+        watched: list[object] = list(conns)
+        watched.append(self._listener)
+        if self._launcher_conn is not None:
+            watched.append(self._launcher_conn)
+        ready = wait(watched, timeout)  # type: ignore[arg-type]
+        if self._listener in ready:
+            self._accept()
+        if self._launcher_conn is not None and self._launcher_conn in ready:
+            self._drain_launcher()
+        return [c for c in ready if c in conns]  # type: ignore[misc]
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(True)
+            conn = Connection(sock.detach())
+            try:
+                protocol.server_handshake(conn, self.key)
+                if not conn.poll(protocol.HANDSHAKE_TIMEOUT):
+                    raise protocol.HandshakeFailed("no hello")
+                hello = protocol.recv(conn)
+            except Exception:  # noqa: BLE001 - a peer that fails the handshake or says nonsense is dropped
+                conn.close()
+                continue
+            if isinstance(hello, LauncherHello) and self._launcher_conn is None and hello.pid == self.launcher.pid:
+                self._launcher_conn = conn
+            elif isinstance(hello, RankHello):
+                self._arrived[(hello.pool_id, hello.generation)][hello.rank] = (conn, hello.pid)
+            else:
+                conn.close()
+
+    def _drain_launcher(self) -> None:
+        assert self._launcher_conn is not None
+        while self._launcher_conn.poll(0):
+            try:
+                message = protocol.recv(self._launcher_conn)
+            except (EOFError, OSError):
+                self._launcher_conn.close()
+                self.closed = True
+                return
+            if isinstance(message, RankExited):
+                self._exits[(message.pool_id, message.generation)][message.rank] = message.returncode
+
+    def take_arrivals(self, pool_id: str, generation: int) -> dict[int, tuple[Connection, int]]:
+        return self._arrived.pop((pool_id, generation), {})
+
+    def exits(self, pool_id: str, generation: int) -> dict[int, int]:
+        return self._exits.get((pool_id, generation), {})
+
+    def forget(self, pool_id: str, generation: int) -> None:
+        for conn, _ in self._arrived.pop((pool_id, generation), {}).values():
+            conn.close()
+        self._exits.pop((pool_id, generation), None)
+
+    def stack_path(self, pool_id: str, generation: int, rank: int) -> str:
+        return os.path.join(self.dir, f"{pool_id}-{generation}-{rank}.stack")
+
+    # --- shutdown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the launcher and with it every rank (they share its process group)."""
+        if self.closed and self.launcher.poll() is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        self.closed = True
+        if self._launcher_conn is not None:
+            try:
+                protocol.send(self._launcher_conn, protocol.Shutdown())
+            except OSError:
+                pass
+        try:
+            self.launcher.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.launcher.poll() is None:
+            try:
+                os.killpg(self.launcher.pid, signal.SIGKILL)  # the group we created: launcher + ranks
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.launcher.wait()
+        if self._launcher_conn is not None:
+            self._launcher_conn.close()
+        self._listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _close_current() -> None:
+    if Hub._current is not None:
+        Hub._current.close()
+        Hub._current = None
+
+
+atexit.register(_close_current)

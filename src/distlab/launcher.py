@@ -1,0 +1,148 @@
+"""The preloaded parent of every rank: imports torch once, then forks ranks on demand.
+
+It is started by the kernel's hub with ``sys.executable`` in a new session (its own process group),
+never by forking the kernel, and it never touches CUDA, so forked ranks start clean. It stays
+single-threaded because only then is fork safe. It dies with the kernel: when the hub's socket
+closes or its parent changes, it kills its ranks and exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from multiprocessing.connection import Connection
+
+from distlab import protocol
+from distlab.protocol import LauncherHello, RankExited, Shutdown, SignalRanks, SpawnRanks
+
+POLL_SECONDS = 0.02
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def preload() -> None:
+    """Import what every rank needs, once, before any fork."""
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import distlab.worker  # noqa: F401
+
+
+class Launcher:
+    def __init__(self, conn: Connection, path: str, key: bytes, parent: int) -> None:
+        self.conn = conn
+        self.path = path
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, tuple[str, int, int]] = {}  # pid -> (pool_id, generation, rank)
+
+    def serve(self) -> None:
+        try:
+            while os.getppid() == self.parent:
+                if self.conn.poll(POLL_SECONDS):
+                    message = protocol.recv(self.conn)
+                    if isinstance(message, Shutdown):
+                        break
+                    self.handle(message)
+                self.reap()
+        except (EOFError, OSError):
+            pass  # the kernel is gone
+        finally:
+            self.kill_all()
+
+    def handle(self, message: protocol.Message) -> None:
+        if isinstance(message, SpawnRanks):
+            self.spawn(message)
+        elif isinstance(message, SignalRanks):
+            for pid in message.pids:
+                if pid in self.children:  # only our own, still unreaped, children
+                    try:
+                        os.kill(pid, message.signum)
+                    except ProcessLookupError:
+                        pass
+
+    def spawn(self, request: SpawnRanks) -> None:
+        # rank 0 hosts the TCPStore on this socket; the OS picks the port, so there is no race
+        store = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        store.bind(("127.0.0.1", 0))
+        store.listen(128)
+        port = store.getsockname()[1]
+        for rank in request.ranks:
+            pid = os.fork()
+            if pid == 0:
+                self._become_rank(request, rank, store, port)
+            self.children[pid] = (request.pool_id, request.generation, rank)
+        store.close()
+
+    def _become_rank(self, request: SpawnRanks, rank: int, store: socket.socket, port: int) -> None:
+        code = 1
+        try:
+            self.conn.close()
+            die_with_parent()
+            from distlab.worker import RankSpec, rank_main
+
+            spec = RankSpec(
+                pool_id=request.pool_id, generation=request.generation, rank=rank,
+                world_size=request.world_size, backend=request.backend,
+                hub_path=self.path, key=self.key, store_port=port,
+            )
+            code = rank_main(spec, store if rank == 0 else None)
+            if rank != 0:
+                store.close()
+        finally:
+            os._exit(code)
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            pool_id, generation, rank = self.children.pop(pid, ("", 0, -1))
+            if rank >= 0:
+                code = os.waitstatus_to_exitcode(status)
+                protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code))
+
+    def kill_all(self) -> None:
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in list(self.children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.children.clear()
+
+
+def main() -> None:
+    config = json.loads(sys.stdin.readline())
+    # no PR_SET_PDEATHSIG here: it fires when the kernel *thread* that started us exits; we watch
+    # the parent pid and the hub socket instead
+    if os.getppid() != config["parent"]:
+        return  # the kernel died before we got here
+    preload()
+    key = bytes.fromhex(config["key"])
+    conn = protocol.connect(config["path"], key)
+    protocol.send(conn, LauncherHello(os.getpid()))
+    Launcher(conn, config["path"], key, config["parent"]).serve()
+
+
+if __name__ == "__main__":
+    main()

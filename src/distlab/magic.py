@@ -1,0 +1,238 @@
+"""IPython glue only: parse options, show rank output in the cell, let errors propagate.
+
+All process work happens in :mod:`distlab.pool`; this module turns a notebook cell into a pool
+call and the pool's outcome into what a learner sees.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import publish_display_data
+
+from distlab.backends import BACKENDS, resolve_backend
+from distlab.errors import BackendUnavailable
+from distlab.pool import Pool, PrintSink
+from distlab.report import parse_ranks
+
+DEFAULT_WORLD_SIZE = 4
+MAX_WORLD_SIZE = 64
+DEFAULT_TIMEOUT = 60.0
+
+
+class NotebookSink(PrintSink):
+    """Like PrintSink, but rich objects from ``display()`` on a rank are shown as rich output."""
+
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
+        sys.stdout.write(f"[rank {rank}] display:\n")
+        sys.stdout.flush()
+        publish_display_data(data, metadata)
+
+
+class Session:
+    """The kernel's one pool and what the magics remember between cells."""
+
+    def __init__(self) -> None:
+        self.pool: Pool | None = None
+        self.last_trace: list[list[dict[str, Any]]] | None = None
+        self._cells = itertools.count(1)
+
+    def next_filename(self) -> str:
+        return f"<dist cell {next(self._cells)}>"
+
+    def pool_for(self, world_size: int, backend: str) -> Pool:
+        pool = self.pool
+        if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend):
+            return pool
+        if pool is not None:
+            print(f"distlab: restarting the pool with {world_size} ranks ({backend}); it had "
+                  f"{pool.world_size} ({pool.requested_backend}). Variables on the old ranks are gone.")
+            pool.stop()
+        self.pool = Pool(world_size, backend, sink=NotebookSink())
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
+
+
+_session: Session | None = None
+
+
+def session() -> Session:
+    global _session
+    if _session is None:
+        _session = Session()
+    return _session
+
+
+def _check_world_size(value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if not 1 <= value <= MAX_WORLD_SIZE:
+        raise UsageError(f"-n must be between 1 and {MAX_WORLD_SIZE}, got {value}")
+    return value
+
+
+def _check_backend(backend: str, world_size: int) -> str:
+    try:
+        resolve_backend(backend, world_size)
+    except (ValueError, BackendUnavailable) as exc:
+        raise UsageError(str(exc)) from None
+    return backend
+
+
+def _pool_options(magic: Any, line: str) -> tuple[int, str, Any]:
+    args = parse_argstring(magic, line)
+    current = session().pool
+    world_size = _check_world_size(args.nprocs, current.world_size if current else DEFAULT_WORLD_SIZE)
+    backend = args.backend or (current.requested_backend if current else "auto")
+    return world_size, _check_backend(backend, world_size), args
+
+
+@magics_class
+class DistMagics(Magics):
+    @magic_arguments()
+    @argument("-n", "--nprocs", type=int, default=None,
+              help=f"number of ranks (default: the running pool's, else {DEFAULT_WORLD_SIZE})")
+    @argument("--backend", choices=BACKENDS, default=None,
+              help="gloo (CPU), nccl (one GPU per rank) or auto (nccl when every rank gets a GPU)")
+    @argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+              help=f"seconds before a hung cell is stopped and the pool restarted (default {DEFAULT_TIMEOUT:g})")
+    @argument("--ranks", default=None, help="run only on these ranks, e.g. 0,2 or 1-3")
+    @argument("--trace", action="store_true", help="record every torch.distributed call and draw a timeline")
+    @cell_magic
+    def dist(self, line: str, cell: str) -> None:
+        """Run this cell on every rank of a torch.distributed process group.
+
+        Each rank has ``rank``, ``world_size``, ``local_rank``, ``device``, ``torch``, ``dist`` and
+        ``display``; variables persist from cell to cell. Output comes back labelled ``[rank N]``.
+        A failure on any rank fails the cell; a hang is stopped after ``--timeout`` seconds (or one
+        second after another rank failed), with every rank's stack, and the pool restarts.
+
+        Examples::
+
+            %%dist -n 4
+            t = torch.tensor([rank + 1.0])
+            dist.all_reduce(t)      # every rank now holds 1+2+3+4 = 10
+            print(t.item())
+
+            %%dist --ranks 0 --timeout 5
+            print("only rank 0 runs this")
+        """
+        world_size, backend, args = _pool_options(self.dist, line)
+        if args.timeout <= 0:
+            raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+        ranks = None
+        if args.ranks is not None:
+            try:
+                ranks = parse_ranks(args.ranks, world_size)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        state = session()
+        pool = state.pool_for(world_size, backend)
+        dones = pool.run_cell(cell, state.next_filename(), ranks, args.timeout, args.trace)
+        if args.trace:
+            state.last_trace = [pickle.loads(dones[r].trace) if dones[r].trace else [] for r in sorted(dones)]  # type: ignore[arg-type]
+            from distlab.viz import show_trace
+
+            show_trace(state.last_trace)
+
+    @magic_arguments()
+    @argument("-n", "--nprocs", type=int, default=None, help="number of ranks")
+    @argument("--backend", choices=BACKENDS, default=None, help="gloo, nccl or auto")
+    @line_magic
+    def dist_start(self, line: str) -> None:
+        """Start the rank pool now (the first ``%%dist`` cell does this for you)."""
+        world_size, backend, _ = _pool_options(self.dist_start, line)
+        pool = session().pool_for(world_size, backend)
+        pool.ensure_ready()
+        print(f"distlab: {pool.world_size} ranks ready ({pool.backend})")
+
+    @line_magic
+    def dist_stop(self, line: str) -> None:
+        """Stop every rank; the next ``%%dist`` cell starts fresh ones."""
+        session().close()
+        print("distlab: pool stopped")
+
+    @line_magic
+    def dist_restart(self, line: str) -> None:
+        """Replace every rank with a fresh one (all rank variables are lost)."""
+        pool = session().pool
+        if pool is None:
+            raise UsageError("no pool is running: run a %%dist cell or %dist_start first")
+        pool.restart()
+        pool.ensure_ready()
+        print(f"distlab: pool restarted, {pool.world_size} fresh ranks ({pool.backend})")
+
+    @line_magic
+    def dist_status(self, line: str) -> None:
+        """World size, backend, and each rank's pid and state."""
+        pool = session().pool
+        if pool is None:
+            print("distlab: no pool (the first %%dist cell starts one)")
+            return
+        print(f"distlab: {pool.world_size} ranks, backend {pool.backend}, generation {pool.generation}, "
+              f"restarts {pool.restarts}")
+        for row in pool.status():
+            print(f"  rank {row['rank']}: pid {row['pid']}, {row['state']}")
+
+    @magic_arguments()
+    @argument("name", help="a variable defined on the ranks")
+    @argument("--ranks", default=None, help="only these ranks, e.g. 0,2")
+    @line_magic
+    def dist_pull(self, line: str) -> list[Any]:
+        """``%dist_pull NAME`` -> [NAME on rank 0, NAME on rank 1, ...] in the kernel."""
+        args = parse_argstring(self.dist_pull, line)
+        pool = self._running()
+        ranks = self._ranks(args.ranks, pool.world_size)
+        return pool.pull(args.name, ranks)
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="kernel variables to copy to every rank")
+    @argument("--ranks", default=None, help="only these ranks, e.g. 0,2")
+    @line_magic
+    def dist_push(self, line: str) -> None:
+        """``%dist_push NAME`` copies a kernel variable to every rank under the same name."""
+        args = parse_argstring(self.dist_push, line)
+        pool = self._running()
+        ranks = self._ranks(args.ranks, pool.world_size)
+        for name in args.names:
+            if name not in self.shell.user_ns:
+                raise UsageError(f"{name!r} is not defined in the kernel")
+        for name in args.names:
+            pool.push(name, self.shell.user_ns[name], ranks)
+
+    def _running(self) -> Pool:
+        pool = session().pool
+        if pool is None:
+            raise UsageError("no pool is running: run a %%dist cell or %dist_start first")
+        return pool
+
+    @staticmethod
+    def _ranks(text: str | None, world_size: int) -> tuple[int, ...] | None:
+        if text is None:
+            return None
+        try:
+            return parse_ranks(text, world_size)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def register(ipython: Any) -> None:
+    ipython.register_magics(DistMagics)
+    state = session()
+    if state.pool is None:  # warm up: the launcher imports torch while the learner reads
+        state.pool = Pool(DEFAULT_WORLD_SIZE, "auto", sink=NotebookSink())
+        state.pool.start()
+
+
+def unregister(ipython: Any) -> None:
+    session().close()

@@ -1,0 +1,401 @@
+"""A set of persistent rank processes and the one loop that waits for them.
+
+Plain Python, no IPython: the magic, ``distlab.run`` and the grader all use it. Every wait has a
+deadline. When a rank fails while others are still busy, the others get a short grace; if they
+are still stuck after it, they are hung in a collective: their stacks are taken, every rank is
+killed (by pid, through the launcher that forked them) and a fresh generation is started.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+import cloudpickle
+
+from distlab import protocol
+from distlab.backends import resolve_backend
+from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
+from distlab.hub import Hub
+from distlab.protocol import Display, Done, Output, RankFailure, RankReady, SignalRanks, SpawnRanks
+from distlab.report import format_failures, format_stacks, rank_label
+
+START_TIMEOUT = 120.0
+HANG_GRACE = 1.0        # how long other ranks may keep running after one failed
+INTERRUPT_GRACE = 2.0   # how long ranks get to stop after an interrupt
+STACK_WAIT = 1.0
+EXIT_CODE_WAIT = 1.0
+SHOWN_PER_RANK = 1_000_000  # characters of output shown per rank and task before the rest is cut
+
+
+class Sink(Protocol):
+    def output(self, rank: int, stream: str, text: str) -> None: ...
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None: ...
+
+
+class PrintSink:
+    """Writes every rank line to stdout as '[rank N] line' (stderr lines too: see the README)."""
+
+    def __init__(self) -> None:
+        self.shown: dict[int, int] = {}
+        self.cut: dict[int, int] = {}
+
+    def begin(self) -> None:
+        self.shown.clear()
+        self.cut.clear()
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        shown = self.shown.get(rank, 0)
+        if shown >= SHOWN_PER_RANK:
+            self.cut[rank] = self.cut.get(rank, 0) + len(text)
+            return
+        text = text[: SHOWN_PER_RANK - shown]
+        self.shown[rank] = shown + len(text)
+        prefix = f"[rank {rank}] "
+        lines = text.splitlines()
+        sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
+        sys.stdout.flush()
+
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
+        sys.stdout.write(f"[rank {rank}] {data.get('text/plain', '')}\n")
+
+    def end(self) -> None:
+        for rank, count in sorted(self.cut.items()):
+            sys.stdout.write(f"[rank {rank}] ... {count} more characters of output were not shown\n")
+        sys.stdout.flush()
+
+
+@dataclass
+class RankHandle:
+    rank: int
+    conn: Connection
+    pid: int
+    ready: bool = False
+    busy: bool = False
+
+
+class Pool:
+    """``world_size`` ranks joined in one process group; start() is quick, work waits for readiness."""
+
+    def __init__(self, world_size: int, backend: str = "auto", hub: Hub | None = None,
+                 sink: Sink | None = None) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.requested_backend = backend
+        self.backend = resolve_backend(backend, world_size)
+        self.hub = hub or Hub.get()
+        self.sink: Sink = sink or PrintSink()
+        self.pool_id = secrets.token_hex(4)
+        self.generation = 0
+        self.handles: dict[int, RankHandle] = {}
+        self.started = False
+        self._tasks = itertools.count(1)
+        self.restarts = 0
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.started:
+            return
+        if not self.hub.alive():
+            self.hub = Hub.get()
+        self.generation += 1
+        self.handles = {}
+        self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
+                                          tuple(range(self.world_size))))
+        self.started = True
+
+    def ensure_ready(self, timeout: float = START_TIMEOUT) -> None:
+        self.start()
+        deadline = time.monotonic() + timeout
+        errors: dict[int, str] = {}
+        while not all(h.ready for h in self.handles.values()) or len(self.handles) < self.world_size:
+            for rank, (conn, pid) in self.hub.take_arrivals(self.pool_id, self.generation).items():
+                self.handles[rank] = RankHandle(rank, conn, pid)
+            waiting = [h.conn for h in self.handles.values() if not h.ready]
+            for conn in self.hub.wait(waiting, 0.05):
+                handle = next(h for h in self.handles.values() if h.conn is conn)
+                try:
+                    message = protocol.recv(conn)
+                except (EOFError, OSError):
+                    errors.setdefault(handle.rank, "the rank closed its connection while starting")
+                    continue
+                if isinstance(message, RankReady):
+                    if message.error:
+                        errors[handle.rank] = message.error
+                    handle.ready = not message.error
+                elif isinstance(message, Output):
+                    self.sink.output(message.rank, message.stream, message.text)
+            exits = self.hub.exits(self.pool_id, self.generation)
+            if errors or exits or not self.hub.alive():
+                self._kill()
+                detail = "\n".join(f"rank {r}: {text}" for r, text in sorted(errors.items()))
+                detail += "".join(f"\nrank {r} exited with code {c}" for r, c in sorted(exits.items()))
+                raise PoolDied(f"the ranks could not start their process group ({self.backend}):\n"
+                               f"{detail or self.hub.launcher_log()}")
+            if time.monotonic() > deadline:
+                self._kill()
+                raise PoolDied(f"the ranks did not start within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        """Ask ranks to leave; kill any that do not within a second."""
+        if not self.started:
+            return
+        for handle in self.handles.values():
+            try:
+                protocol.send(handle.conn, protocol.Stop())
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and self.hub.alive():
+            if len(self.hub.exits(self.pool_id, self.generation)) >= len(self.handles):
+                break
+            self.hub.wait([], 0.02)
+        self._kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    def _kill(self) -> None:
+        pids = tuple(h.pid for h in self.handles.values())
+        if pids and self.hub.alive():
+            try:
+                self.hub.send_launcher(SignalRanks(pids, int(signal.SIGKILL)))
+            except PoolDied:
+                pass
+        for handle in self.handles.values():
+            handle.conn.close()
+        self.handles = {}
+        self.hub.forget(self.pool_id, self.generation)
+        self.started = False
+
+    def status(self) -> list[dict[str, Any]]:
+        exits = self.hub.exits(self.pool_id, self.generation) if self.started else {}
+        rows = []
+        for rank in range(self.world_size):
+            handle = self.handles.get(rank)
+            state = "stopped" if not self.started else "starting"
+            if handle is not None:
+                state = "busy" if handle.busy else "idle" if handle.ready else "starting"
+            if rank in exits:
+                state = f"exited ({exits[rank]})"
+            rows.append({"rank": rank, "pid": handle.pid if handle else None, "state": state})
+        return rows
+
+    # --- work ---------------------------------------------------------------------------------
+    def run_cell(self, source: str, filename: str, ranks: Sequence[int] | None = None,
+                 timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
+        cell_lines = {filename: source.splitlines()}
+        return self.execute(lambda t: protocol.RunCell(t, source, filename, trace), ranks, timeout, cell_lines)
+
+    def call(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+             timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
+        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        return self.execute(lambda t: protocol.RunFunction(t, payload, trace), None, timeout)
+
+    def pull(self, name: str, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> list[Any]:
+        dones = self.execute(lambda t: protocol.Pull(t, name), ranks, timeout)
+        return [pickle.loads(dones[r].value) for r in sorted(dones)]  # type: ignore[arg-type]
+
+    def push(self, name: str, value: Any, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> None:
+        payload = cloudpickle.dumps(value)
+        self.execute(lambda t: protocol.Push(t, name, payload), ranks, timeout)
+
+    def execute(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
+                timeout: float, cell_lines: dict[str, list[str]] | None = None) -> dict[int, Done]:
+        """Send one task to ``ranks`` (all by default) and wait for every one of them, with a deadline."""
+        self.ensure_ready()
+        targets = sorted(set(ranks)) if ranks is not None else list(range(self.world_size))
+        task_id = next(self._tasks)
+        message = protocol.encode(make_task(task_id))
+        begin = getattr(self.sink, "begin", None)
+        if begin:
+            begin()
+        waiter = _Waiter(self, task_id, targets)
+        for rank in targets:
+            try:
+                self.handles[rank].conn.send_bytes(message)
+                self.handles[rank].busy = True
+            except OSError:
+                waiter.lost[rank] = None
+                waiter.pending.discard(rank)
+        try:
+            waiter.wait(timeout)
+        finally:
+            end = getattr(self.sink, "end", None)
+            if end:
+                end()
+            for handle in self.handles.values():
+                handle.busy = False
+        return waiter.conclude(timeout, cell_lines or {})
+
+    # --- used by the waiter -------------------------------------------------------------------
+    def take_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+        """Every listed rank's Python stack, dumped by faulthandler on SIGUSR1."""
+        paths = {r: self.hub.stack_path(self.pool_id, self.generation, r) for r in ranks}
+        for path in paths.values():
+            open(path, "w").close()
+        pids = tuple(self.handles[r].pid for r in ranks if r in self.handles)
+        self.hub.send_launcher(SignalRanks(pids, int(signal.SIGUSR1)))
+        deadline = time.monotonic() + STACK_WAIT
+        sizes: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            self.hub.wait([], 0.03)
+            now = {r: _size(p) for r, p in paths.items()}
+            if all(now.values()) and now == sizes:
+                break
+            sizes = now
+        stacks = {}
+        for rank, path in paths.items():
+            with open(path, errors="replace") as dump:
+                stacks[rank] = dump.read()
+        return stacks
+
+    def fresh_start(self) -> str:
+        """Kill every rank and start a new generation; returns the sentence that says so."""
+        self._kill()
+        self.restarts += 1
+        self.start()
+        return (f"Rank state was lost: every rank was stopped and the pool restarted with "
+                f"{self.world_size} fresh ranks ({self.backend}).")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class _Waiter:
+    """The wait for one task: collects results, notices failures, crashes and interrupts."""
+
+    def __init__(self, pool: Pool, task_id: int, targets: list[int]) -> None:
+        self.pool = pool
+        self.task_id = task_id
+        self.pending = set(targets)
+        self.dones: dict[int, Done] = {}
+        self.lost: dict[int, int | None] = {}
+        self.first_bad: float | None = None
+        self.interrupted_at: float | None = None
+        self.reason = ""
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.pending:
+            now = time.monotonic()
+            end = deadline
+            if self.first_bad is not None:
+                end = min(end, self.first_bad + HANG_GRACE)
+            if self.interrupted_at is not None:
+                end = min(end, self.interrupted_at + INTERRUPT_GRACE)
+            if now >= end:
+                self.reason = "deadline" if end == deadline else "grace"
+                return
+            try:
+                self._pump(min(end - now, 0.25))
+            except KeyboardInterrupt:
+                if self.interrupted_at is not None:
+                    return  # a second interrupt: stop waiting at once
+                self.interrupted_at = time.monotonic()
+                self._signal_pending(signal.SIGINT)
+            if self.first_bad is None and (self.lost or any(d.failure for d in self.dones.values())):
+                self.first_bad = time.monotonic()
+
+    def _signal_pending(self, signum: int) -> None:
+        pids = tuple(self.pool.handles[r].pid for r in self.pending if r in self.pool.handles)
+        self.pool.hub.send_launcher(SignalRanks(pids, int(signum)))
+
+    def _pump(self, timeout: float) -> None:
+        pool = self.pool
+        conns = {pool.handles[r].conn: r for r in self.pending}
+        for conn in pool.hub.wait(list(conns), timeout):
+            rank = conns[conn]
+            try:
+                while rank in self.pending and conn.poll(0):
+                    self._handle(rank, protocol.recv(conn))
+            except (EOFError, OSError):
+                self.lost[rank] = None
+                self.pending.discard(rank)
+        exits = pool.hub.exits(pool.pool_id, pool.generation)
+        for rank in list(self.pending):
+            if rank in exits:
+                self.lost[rank] = exits[rank]
+                self.pending.discard(rank)
+
+    def _handle(self, rank: int, message: protocol.Message) -> None:
+        sink = self.pool.sink
+        if isinstance(message, Output):
+            sink.output(rank, message.stream, message.text)
+        elif isinstance(message, Display):
+            sink.display(rank, message.data, message.metadata)
+        elif isinstance(message, Done) and message.task == self.task_id:
+            self.dones[rank] = message
+            self.pending.discard(rank)
+
+    def _exit_codes(self) -> None:
+        pool = self.pool
+        deadline = time.monotonic() + EXIT_CODE_WAIT
+        while any(code is None for code in self.lost.values()) and time.monotonic() < deadline:
+            pool.hub.wait([], 0.02)
+            exits = pool.hub.exits(pool.pool_id, pool.generation)
+            for rank in self.lost:
+                if self.lost[rank] is None and rank in exits:
+                    self.lost[rank] = exits[rank]
+
+    def conclude(self, timeout: float, cell_lines: dict[str, list[str]]) -> dict[int, Done]:
+        pool = self.pool
+        failures = [d.failure for r, d in sorted(self.dones.items()) if d.failure is not None]
+        if self.lost:
+            self._exit_codes()
+            failures += [crash_failure(rank, code) for rank, code in sorted(self.lost.items())]
+            failures.sort(key=lambda f: f.rank)
+        if self.pending:
+            stuck = sorted(self.pending)
+            stacks = pool.take_stacks(stuck)
+            note = pool.fresh_start()
+            if self.interrupted_at is not None:
+                report = format_stacks(stacks, cell_lines)
+                raise CellInterrupted(
+                    f"interrupted; {rank_label(stuck)} did not stop within {INTERRUPT_GRACE:.0f} s and were killed",
+                    "\n".join(filter(None, [format_failures(failures) if failures else "", report, note])))
+            if self.reason == "deadline" and not failures:
+                reason = (f"the cell ran past its {timeout:g} s deadline: {rank_label(stuck)} still running "
+                          f"(a deadlock, or raise --timeout)")
+            else:
+                bad = sorted({f.rank for f in failures})
+                reason = (f"{rank_label(bad)} failed and {rank_label(stuck)} hung waiting for "
+                          f"{'it' if len(bad) == 1 else 'them'} (stopped {HANG_GRACE:g} s later)")
+            raise RankTimeout.hung(reason, stacks, failures, cell_lines, note)
+        if self.interrupted_at is not None:
+            raise CellInterrupted("interrupted: every rank stopped",
+                                  format_failures(failures) if failures else "")
+        if failures:
+            note = pool.fresh_start() if self.lost else ""
+            raise RankError.from_failures(failures, pool.world_size, note)
+        return self.dones
+
+
+def crash_failure(rank: int, code: int | None) -> RankFailure:
+    if code is None:
+        message = "the rank process ended (exit status unknown)"
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        message = f"the rank process was killed by {name}"
+    else:
+        message = f"the rank process exited with code {code}"
+    return RankFailure(rank, "RankCrashed", message, exitcode=code if code is not None else -1)

@@ -1,0 +1,251 @@
+"""The messages between the kernel, the launcher and the ranks, and the channel that carries them.
+
+Messages are frozen dataclasses with a literal ``kind``. They are pickled, but decoded with an
+unpickler that only builds the classes listed here, so a message can never smuggle in code. User
+values (function arguments, results, pushed variables) travel as opaque ``bytes`` fields and are
+unpickled only by the side that asked for them. Every connection starts with a mutual HMAC
+handshake over a Unix socket in a private directory: a process that does not hold the key is
+dropped before anything is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import socket
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Literal, Union
+
+HANDSHAKE_TIMEOUT = 5.0
+_MAGIC = b"DISTLAB1"
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank, as plain text that survives any process boundary."""
+
+    rank: int
+    exc_type: str
+    message: str
+    traceback: str = ""
+    filename: str = ""
+    lineno: int | None = None
+    line: str = ""
+    exitcode: int | None = None
+
+
+# kernel -> launcher
+@dataclass(frozen=True)
+class SpawnRanks:
+    pool_id: str
+    generation: int
+    world_size: int
+    backend: str
+    ranks: tuple[int, ...]
+    kind: Literal["spawn"] = "spawn"
+
+
+@dataclass(frozen=True)
+class SignalRanks:
+    pids: tuple[int, ...]
+    signum: int
+    kind: Literal["signal"] = "signal"
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    kind: Literal["shutdown"] = "shutdown"
+
+
+# launcher -> kernel
+@dataclass(frozen=True)
+class LauncherHello:
+    pid: int
+    kind: Literal["launcher_hello"] = "launcher_hello"
+
+
+@dataclass(frozen=True)
+class RankExited:
+    pool_id: str
+    generation: int
+    rank: int
+    pid: int
+    returncode: int
+    kind: Literal["exited"] = "exited"
+
+
+# rank -> kernel
+@dataclass(frozen=True)
+class RankHello:
+    pool_id: str
+    generation: int
+    rank: int
+    pid: int
+    kind: Literal["rank_hello"] = "rank_hello"
+
+
+@dataclass(frozen=True)
+class RankReady:
+    rank: int
+    backend: str
+    device: str
+    error: str = ""
+    kind: Literal["ready"] = "ready"
+
+
+@dataclass(frozen=True)
+class Output:
+    rank: int
+    stream: Literal["stdout", "stderr"]
+    text: str
+    kind: Literal["output"] = "output"
+
+
+@dataclass(frozen=True)
+class Display:
+    rank: int
+    data: dict[str, object]
+    metadata: dict[str, object] = field(default_factory=dict)
+    kind: Literal["display"] = "display"
+
+
+@dataclass(frozen=True)
+class Done:
+    rank: int
+    task: int
+    failure: RankFailure | None = None
+    value: bytes | None = None
+    trace: bytes | None = None
+    seconds: float = 0.0
+    kind: Literal["done"] = "done"
+
+
+# kernel -> rank
+@dataclass(frozen=True)
+class RunCell:
+    task: int
+    source: str
+    filename: str
+    trace: bool = False
+    kind: Literal["run_cell"] = "run_cell"
+
+
+@dataclass(frozen=True)
+class RunFunction:
+    task: int
+    payload: bytes  # cloudpickle of (fn, args, kwargs)
+    trace: bool = False
+    kind: Literal["run_function"] = "run_function"
+
+
+@dataclass(frozen=True)
+class Pull:
+    task: int
+    name: str
+    kind: Literal["pull"] = "pull"
+
+
+@dataclass(frozen=True)
+class Push:
+    task: int
+    name: str
+    payload: bytes
+    kind: Literal["push"] = "push"
+
+
+@dataclass(frozen=True)
+class Stop:
+    kind: Literal["stop"] = "stop"
+
+
+Message = Union[
+    SpawnRanks, SignalRanks, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
+    Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
+]
+Task = Union[RunCell, RunFunction, Pull, Push]
+
+_ALLOWED = {cls.__name__: cls for cls in (
+    RankFailure, SpawnRanks, SignalRanks, Shutdown, LauncherHello, RankExited, RankHello,
+    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
+)}
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    """Builds only distlab's message classes; anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> type:
+        if module == __name__ and name in _ALLOWED:
+            return _ALLOWED[name]
+        raise pickle.UnpicklingError(f"refused to unpickle {module}.{name} in a distlab message")
+
+
+def encode(message: Message) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Message:
+    return _MessageUnpickler(io.BytesIO(data)).load()  # type: ignore[no-any-return]
+
+
+def send(conn: Connection, message: Message) -> None:
+    conn.send_bytes(encode(message))
+
+
+def recv(conn: Connection) -> Message:
+    return decode(conn.recv_bytes())
+
+
+class HandshakeFailed(ConnectionError):
+    """The peer did not prove it holds the key (or did not answer in time)."""
+
+
+def _mac(key: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+
+
+def _recv_within(conn: Connection, timeout: float, maxlength: int) -> bytes:
+    if not conn.poll(timeout):
+        raise HandshakeFailed("no handshake reply in time")
+    try:
+        return conn.recv_bytes(maxlength)
+    except (OSError, EOFError) as exc:
+        raise HandshakeFailed(str(exc)) from exc
+
+
+def server_handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    """Kernel side: the client proves it holds ``key``, then we prove it back."""
+    nonce = os.urandom(32)
+    conn.send_bytes(_MAGIC + nonce)
+    reply = _recv_within(conn, timeout, 64)
+    if len(reply) != 64 or not hmac.compare_digest(reply[:32], _mac(key, b"client", nonce)):
+        raise HandshakeFailed("wrong key")
+    conn.send_bytes(_mac(key, b"server", reply[32:]))
+
+
+def client_handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    """Launcher and rank side: answer the kernel's challenge and check its answer to ours."""
+    challenge = _recv_within(conn, timeout, 64)
+    if not challenge.startswith(_MAGIC) or len(challenge) != len(_MAGIC) + 32:
+        raise HandshakeFailed("not a distlab hub")
+    nonce = os.urandom(32)
+    conn.send_bytes(_mac(key, b"client", challenge[len(_MAGIC):]) + nonce)
+    answer = _recv_within(conn, timeout, 32)
+    if not hmac.compare_digest(answer, _mac(key, b"server", nonce)):
+        raise HandshakeFailed("the hub did not prove it holds the key")
+
+
+def connect(path: str, key: bytes) -> Connection:
+    """Open an authenticated connection to the kernel's hub socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    conn = Connection(sock.detach())
+    try:
+        client_handshake(conn, key)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -1,0 +1,353 @@
+"""One recorder of torch.distributed calls, shared by the timeline, the benchmark and the grader.
+
+Use it inside a rank process::
+
+    with distlab.trace.recording() as calls:
+        dist.all_reduce(t)
+    calls[0]["op"], calls[0]["sent"], calls[0]["bus_bytes"]
+
+While active, the functions in ``torch.distributed`` (and the same names in
+``torch.distributed.distributed_c10d``, so ``dist.P2POp(dist.isend, ...)`` keeps working)
+are replaced by recording wrappers; they are restored on exit, even after an exception.
+Patching happens at module-attribute level: code that ran ``from torch.distributed import
+all_reduce`` *before* recording began holds the original function and is not recorded.
+
+Every call appends one record (a dict of plain Python values, so it pickles and travels
+back to the kernel):
+
+- ``op``, ``seq``, ``rank`` (global), ``group_ranks``, ``group_size``
+- ``shapes``, ``dtypes`` of every tensor argument
+- ``size``: the message size as nccl-tests defines it (all_gather: the whole output,
+  reduce_scatter and all_to_all: the whole input, others: the tensor)
+- ``bus_bytes``: ``size`` times the nccl-tests bus factor - the bytes each rank moves in a
+  bandwidth-optimal algorithm (all_reduce 2(n-1)/n, reduce_scatter/all_gather/all_to_all
+  (n-1)/n, broadcast/reduce 1)
+- ``sent``, ``recv``: the logical bytes this rank's data gives to / gets from other ranks
+  (broadcast root sends (n-1)*size, reduce root receives (n-1)*size, all_reduce counts as
+  reduce_scatter + all_gather); summed over ranks, sent == recv
+- ``peer`` (global src/dst/root or None), ``p2p``: list of ``{"dir", "peer", "bytes", "tag"}``
+- ``async``, ``t_start``/``t_end`` (time.perf_counter, comparable across processes on one
+  host), ``wall_start``/``wall_end`` (time.time), ``t_wait`` (perf_counter when the last
+  ``wait()`` on a returned request finished, else None), ``reduce_op``, ``error``
+
+Calls made by torch itself inside a recorded call (broadcast_object_list calls broadcast)
+are not recorded twice; the ``*_object`` variants add up the bytes of those inner calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from distlab.costmodel import bus_factor
+
+TENSOR_OPS = (
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast", "scatter", "gather",
+    "reduce", "all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
+    "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "all_reduce_coalesced",
+)
+OBJECT_OPS = (
+    "broadcast_object_list", "scatter_object_list", "gather_object", "all_gather_object",
+    "send_object_list", "recv_object_list",
+)
+
+_sinks: list[list[dict[str, Any]]] = []
+_originals: dict[str, Callable[..., Any]] = {}
+_lock = threading.Lock()
+_local = threading.local()
+_seq = itertools.count()
+
+
+def _nb(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _nbl(ts: Any, skip: int = -1) -> int:
+    return sum(_nb(t) for i, t in enumerate(ts or ()) if i != skip)
+
+
+def _global(group: Any, a: dict[str, Any], name: str) -> int | None:
+    """The global rank named by ``src``/``dst``/``peer`` or its ``group_*`` form."""
+    if a.get(name) is not None:
+        return int(a[name])
+    g = a.get("group_" + name)
+    return None if g is None else int(dist.get_global_rank(group or dist.group.WORLD, g))
+
+
+def _split_bytes(t: Any, splits: Any, n: int, me: int) -> int:
+    """Bytes of rank ``me``'s own slice of an all_to_all_single buffer."""
+    if not isinstance(t, torch.Tensor) or n == 0 or me < 0:
+        return 0
+    if not splits:
+        return _nb(t) // n
+    return int(splits[me]) * (_nb(t) // max(t.shape[0], 1))
+
+
+def _volume(op: str, a: dict[str, Any], n: int, me: int) -> tuple[int, int, int, int | None]:
+    """(size, sent, recv, peer) of one call on a rank of group rank ``me`` in ``n`` ranks."""
+    group = a.get("group")
+    if op in ("send", "isend"):
+        return _nb(a["tensor"]), _nb(a["tensor"]), 0, _global(group, a, "dst")
+    if op in ("recv", "irecv"):
+        return _nb(a["tensor"]), 0, _nb(a["tensor"]), _global(group, a, "src")
+    if op == "all_reduce":
+        s = _nb(a["tensor"])
+        v = round(2 * (n - 1) * s / n)
+        return s, v, v, None
+    if op == "all_reduce_coalesced":
+        s = _nbl(a["tensors"])
+        v = round(2 * (n - 1) * s / n)
+        return s, v, v, None
+    if op in ("broadcast", "reduce"):
+        s, root_name = _nb(a["tensor"]), ("src" if op == "broadcast" else "dst")
+        root = _global(group, a, root_name)
+        i_am_root = root == dist.get_rank()
+        root_moves, other_moves = (n - 1) * s, s
+        if op == "broadcast":
+            return s, root_moves if i_am_root else 0, 0 if i_am_root else other_moves, root
+        return s, 0 if i_am_root else other_moves, root_moves if i_am_root else 0, root
+    if op in ("scatter", "gather"):
+        one = _nb(a["tensor"])
+        root = _global(group, a, "src" if op == "scatter" else "dst")
+        i_am_root = root == dist.get_rank()
+        if op == "scatter":
+            return n * one, (n - 1) * one if i_am_root else 0, 0 if i_am_root else one, root
+        return n * one, 0 if i_am_root else one, (n - 1) * one if i_am_root else 0, root
+    if op == "all_gather":
+        one = _nb(a["tensor"])
+        return _nbl(a["tensor_list"]), (n - 1) * one, _nbl(a["tensor_list"], me), None
+    if op in ("all_gather_single", "all_gather_into_tensor"):
+        out, inp = _nb(a["output_tensor"]), _nb(a["input_tensor"])
+        return out, (n - 1) * inp, out - inp, None
+    if op == "reduce_scatter":
+        return _nbl(a["input_list"]), _nbl(a["input_list"], me), (n - 1) * _nb(a["output"]), None
+    if op in ("reduce_scatter_single", "reduce_scatter_tensor"):
+        out, inp = _nb(a["output"]), _nb(a["input"])
+        return inp, inp - out, (n - 1) * out, None
+    if op == "all_to_all":
+        ins, outs = a["input_tensor_list"], a["output_tensor_list"]
+        return _nbl(ins), _nbl(ins, me), _nbl(outs, me), None
+    if op == "all_to_all_single":
+        inp, out = a["input"], a["output"]
+        mine_in = _split_bytes(inp, a.get("input_split_sizes"), n, me)
+        mine_out = _split_bytes(out, a.get("output_split_sizes"), n, me)
+        return _nb(inp), _nb(inp) - mine_in, _nb(out) - mine_out, None
+    return 0, 0, 0, None  # barrier, monitored_barrier, *_object (filled from inner calls)
+
+
+def _p2p(op: str, a: dict[str, Any], peer: int | None, nbytes: int) -> list[dict[str, Any]]:
+    if op in ("send", "isend", "recv", "irecv"):
+        d = "send" if op in ("send", "isend") else "recv"
+        return [{"dir": d, "peer": peer, "bytes": nbytes, "tag": int(a.get("tag", 0))}]
+    if op != "batch_isend_irecv":
+        return []
+    out = []
+    for p in a["p2p_op_list"]:
+        name = getattr(p.op, "__name__", "")
+        d = "send" if name == "isend" else "recv"
+        out.append({"dir": d, "peer": int(p.peer), "bytes": _nb(p.tensor), "tag": int(p.tag)})
+    return out
+
+
+def _tensors(a: dict[str, Any]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for v in a.values():
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(x for x in v if isinstance(x, torch.Tensor))
+            found.extend(p.tensor for p in v if isinstance(p, dist.P2POp))
+    return found
+
+
+class TracedWork:
+    """A request handle that notes when ``wait()`` returned; everything else is forwarded."""
+
+    __slots__ = ("_work", "_record")
+
+    def __init__(self, work: Any, record: dict[str, Any]) -> None:
+        self._work = work
+        self._record = record
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        now = time.perf_counter()
+        prev = self._record["t_wait"]
+        self._record["t_wait"] = now if prev is None else max(prev, now)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _describe(op: str, sig: inspect.Signature, args: Any, kwargs: Any) -> dict[str, Any]:
+    a = sig.bind_partial(*args, **kwargs).arguments
+    group = a.get("group")
+    if op == "batch_isend_irecv" and a.get("p2p_op_list"):
+        group = a["p2p_op_list"][0].group
+    ranks = list(dist.get_process_group_ranks(group or dist.group.WORLD))
+    n, me = len(ranks), dist.get_rank(group)
+    size, sent, recv, peer = _volume(op, a, n, me)
+    p2p = _p2p(op, a, peer, size)
+    if op == "batch_isend_irecv":
+        sent = sum(p["bytes"] for p in p2p if p["dir"] == "send")
+        recv = sum(p["bytes"] for p in p2p if p["dir"] == "recv")
+        size = sent + recv
+    ts = _tensors(a)
+    red = a.get("op") if op != "batch_isend_irecv" else None
+    return {
+        "op": op, "seq": next(_seq), "rank": dist.get_rank(), "group_ranks": ranks,
+        "group_size": n, "shapes": [list(t.shape) for t in ts],
+        "dtypes": [str(t.dtype).replace("torch.", "") for t in ts], "size": size,
+        "bus_bytes": size * bus_factor(op, n), "sent": sent, "recv": recv, "peer": peer,
+        "p2p": p2p, "async": bool(a.get("async_op", False)) or op in ("isend", "irecv")
+        or op == "batch_isend_irecv", "reduce_op": getattr(red, "name", None) if red else None,
+        "t_start": 0.0, "t_end": 0.0, "wall_start": 0.0, "wall_end": 0.0, "t_wait": None,
+        "error": None,
+    }
+
+
+def _add_inner(outer: dict[str, Any], inner: dict[str, Any]) -> None:
+    for key in ("size", "sent", "recv", "bus_bytes"):
+        outer[key] += inner[key]
+    outer["p2p"].extend(inner["p2p"])
+    if outer["peer"] is None and inner["peer"] is not None:
+        outer["peer"] = inner["peer"]
+
+
+# batch_isend_irecv passes group_dst when ``p2p_op.op is isend`` and group_src otherwise; a
+# P2POp built with the function of the other side of a recording boundary would get the
+# wrong key, so the wrappers accept either.
+_PEER_FIX = {"isend": ("group_src", "group_dst"), "irecv": ("group_dst", "group_src")}
+
+
+def _retarget(ops: Any) -> None:
+    """Point P2POps built before recording began at the functions installed now."""
+    for p in ops:
+        name = getattr(p.op, "__name__", "")
+        if name in ("isend", "irecv") and getattr(c10d, name) is not p.op:
+            p.op = getattr(c10d, name)
+
+
+def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        if op in _PEER_FIX:  # batch_isend_irecv chose the key by identity of op.op
+            wrong, right = _PEER_FIX[op]
+            if wrong in kwargs:
+                kwargs[right] = kwargs.pop(wrong)
+        elif op == "batch_isend_irecv":
+            _retarget(args[0] if args else kwargs.get("p2p_op_list", []))
+        if not _sinks:
+            return fn(*args, **kwargs)
+        stack = getattr(_local, "stack", None)
+        if stack is None:
+            stack = _local.stack = []
+        if stack:  # a call torch makes inside a recorded call
+            if stack[-1]["op"] in OBJECT_OPS:
+                _add_inner(stack[-1], _describe(op, sig, args, kwargs))
+            return fn(*args, **kwargs)
+        rec = _describe(op, sig, args, kwargs)
+        for sink in list(_sinks):
+            sink.append(rec)
+        stack.append(rec)
+        rec["wall_start"], rec["t_start"] = time.time(), time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            rec["t_end"], rec["wall_end"] = time.perf_counter(), time.time()
+            stack.pop()
+        if op == "recv" and rec["peer"] is None and isinstance(result, int):
+            rec["peer"] = rec["p2p"][0]["peer"] = result
+        if isinstance(result, list) and op == "batch_isend_irecv":
+            return [TracedWork(w, rec) for w in result]
+        if result is not None and hasattr(result, "wait"):
+            return TracedWork(result, rec)
+        return result
+
+    traced.__wrapped_by_distlab__ = True  # type: ignore[attr-defined]
+    return traced
+
+
+def _install() -> None:
+    for name in TENSOR_OPS + OBJECT_OPS:
+        fn = getattr(dist, name, None)
+        if fn is None or getattr(fn, "__wrapped_by_distlab__", False):
+            continue
+        _originals[name] = fn
+        traced = _wrap(name, fn)
+        setattr(dist, name, traced)
+        if getattr(c10d, name, None) is fn:
+            setattr(c10d, name, traced)
+
+
+def _uninstall() -> None:
+    for name, fn in _originals.items():
+        if getattr(c10d, name, None) is getattr(dist, name, None):
+            setattr(c10d, name, fn)
+        setattr(dist, name, fn)
+    _originals.clear()
+
+
+@contextmanager
+def recording() -> Iterator[list[dict[str, Any]]]:
+    """Record every torch.distributed call made in this process while the block runs.
+
+    Yields the list the records are appended to. Recordings nest: an inner one sees only
+    its own calls, the outer one sees all of them.
+    """
+    sink: list[dict[str, Any]] = []
+    with _lock:
+        if not _sinks:
+            _install()
+        _sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        with _lock:
+            _sinks[:] = [s for s in _sinks if s is not sink]
+            if not _sinks:
+                _uninstall()
+
+
+def is_recording() -> bool:
+    """True while a ``recording()`` block is active in this process."""
+    return bool(_sinks)
+
+
+def snapshot(tensor: Any, label: str = "", sent: tuple[int, int] | None = None,
+             received: tuple[int, int] | None = None) -> None:
+    """Add the current values of ``tensor`` to the active recordings (no-op otherwise).
+
+    A ring algorithm calls this after each step so ``viz.ring_stepper`` can replay what
+    every rank's buffer held; ``sent``/``received`` optionally name the element ranges
+    [start, stop) of the chunks this step moved. The record has ``op == "snapshot"``.
+    """
+    if not _sinks:
+        return
+    values = tensor.detach().cpu().tolist() if isinstance(tensor, torch.Tensor) else list(tensor)
+    now = time.perf_counter()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rec = {"op": "snapshot", "seq": next(_seq), "rank": rank, "label": label, "values": values,
+           "t_start": now, "t_end": now, "size": 0, "sent": 0, "recv": 0, "bus_bytes": 0.0,
+           "p2p": [], "peer": None,
+           "sent_range": list(sent) if sent else None,
+           "recv_range": list(received) if received else None}
+    for sink in list(_sinks):
+        sink.append(rec)

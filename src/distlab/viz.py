@@ -1,0 +1,262 @@
+"""Pictures of communication: a per-rank timeline and byte table of a trace, and buffer grids.
+
+Everything here takes plain data (trace records from ``distlab.trace``, lists of numbers)
+so it works in the kernel on what ranks sent back. Figures are drawn with matplotlib's
+object API (no pyplot state, no backend needed) and shown as PNG; tables are HTML.
+``ring_stepper`` lives in ``distlab.replay`` and is re-exported here.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from distlab.costmodel import canonical_op
+from distlab.replay import ring_stepper
+
+__all__ = [
+    "BufferGrid", "fmt_bytes", "p2p_messages", "ring_stepper", "show_buffers", "show_trace",
+    "timeline_figure", "trace_table_html", "PNG",
+]
+
+Trace = Sequence[Sequence[dict[str, Any]]]
+_PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+            "#ff9da7", "#9c755f", "#bab0ac"]
+
+
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as message sizes are powers of two)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class PNG:
+    """A rendered figure: displays as PNG in the kernel and through a rank's ``display``."""
+
+    def __init__(self, fig: Figure) -> None:
+        self.figure = fig
+        buf = io.BytesIO()
+        FigureCanvasAgg(fig).print_png(buf)
+        self.data = buf.getvalue()
+
+    def _repr_png_(self) -> bytes:
+        return self.data
+
+
+def _display(*objs: Any) -> None:
+    from IPython.display import display
+
+    display(*objs)
+
+
+def _calls(traces: Trace) -> list[list[dict[str, Any]]]:
+    return [[r for r in rank if r.get("op") != "snapshot"] for rank in traces]
+
+
+def _done(r: dict[str, Any]) -> float:
+    return float(r["t_wait"] if r.get("t_wait") is not None else r["t_end"])
+
+
+def p2p_messages(traces: Trace) -> list[dict[str, Any]]:
+    """Pair every traced send with its receive: the k-th send from a to b (per tag) matches
+    the k-th receive on b from a. Returns ``{"src", "dst", "bytes", "send", "recv"}`` where
+    ``send``/``recv`` are the records (``recv`` is None if b did not trace a matching one).
+    """
+    sends: dict[tuple[int, int, int], list[tuple[dict[str, Any], int]]] = defaultdict(list)
+    recvs: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
+    for rank_records in _calls(traces):
+        for rec in rank_records:
+            for m in rec.get("p2p", ()):
+                if m["peer"] is None:
+                    continue
+                if m["dir"] == "send":
+                    sends[(rec["rank"], m["peer"], m["tag"])].append((rec, m["bytes"]))
+                else:
+                    recvs[(m["peer"], rec["rank"], m["tag"])].append(rec)
+    out = []
+    for (src, dst, _tag), items in sends.items():
+        matched = recvs.get((src, dst, _tag), [])
+        for k, (rec, nbytes) in enumerate(items):
+            out.append({"src": src, "dst": dst, "bytes": nbytes, "send": rec,
+                        "recv": matched[k] if k < len(matched) else None})
+    return out
+
+
+def timeline_figure(traces: Trace, title: str | None = None) -> Figure:
+    """One lane per rank, one box per call (hatched tail: async call until its wait
+    returned), arrows from each send to its matching receive. Times in ms from the first call.
+    """
+    calls = _calls(traces)
+    starts = [r["t_start"] for rank in calls for r in rank]
+    t0 = min(starts) if starts else 0.0
+    span = max((_done(r) for rank in calls for r in rank), default=t0 + 1e-3) - t0 or 1e-3
+    n = max(len(traces), 1)
+    fig = Figure(figsize=(10, 0.7 * n + 1.4), dpi=90)
+    ax = fig.add_subplot()
+    colors: dict[str, str] = {}
+    for lane, rank_records in enumerate(calls):
+        for rec in rank_records:
+            op = canonical_op(rec["op"]) if rec["op"] not in ("isend", "irecv") else rec["op"]
+            color = colors.setdefault(op, _PALETTE[len(colors) % len(_PALETTE)])
+            x, w = (rec["t_start"] - t0) * 1e3, (rec["t_end"] - rec["t_start"]) * 1e3
+            w = max(w, span * 1e3 / 400)  # keep instantaneous calls visible
+            ax.broken_barh([(x, w)], (lane - 0.35, 0.7), facecolors=color,
+                           edgecolor="black" if rec.get("error") else color)
+            if rec.get("t_wait") is not None and rec["t_wait"] > rec["t_end"]:
+                ax.broken_barh([(x + w, (rec["t_wait"] - rec["t_end"]) * 1e3)],
+                               (lane - 0.2, 0.4), facecolors="none", edgecolor=color,
+                               hatch="///")
+            if w > span * 1e3 / 12:
+                ax.text(x + w / 2, lane, rec["op"], ha="center", va="center", fontsize=7,
+                        color="white", clip_on=True)
+    for m in p2p_messages(traces):
+        if m["recv"] is None or m["src"] >= n or m["dst"] >= n:
+            continue
+        xs = (m["send"]["t_start"] - t0) * 1e3
+        xr = (_done(m["recv"]) - t0) * 1e3
+        ax.annotate("", xy=(xr, m["dst"]), xytext=(xs, m["src"]),
+                    arrowprops={"arrowstyle": "->", "color": "#333333", "lw": 0.8,
+                                "shrinkA": 0, "shrinkB": 0})
+    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlabel("time since first call (ms)")
+    ax.set_title(title or "torch.distributed calls per rank")
+    handles = [ax.bar(0, 0, color=c, label=op) for op, c in colors.items()]
+    if handles:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def trace_table_html(traces: Trace) -> str:
+    """Per rank and operation: calls, message size, logical bytes sent/received, the
+    theoretical bus bytes (nccl-tests factors), time spent and the measured bus bandwidth."""
+    head = ("<tr><th>op</th><th>calls</th><th>size</th><th>sent</th><th>received</th>"
+            "<th>theoretical bus bytes</th><th>time (ms)</th><th>busbw (GB/s)</th></tr>")
+    parts = ['<div style="display:flex;flex-wrap:wrap;gap:1.5em">']
+    for rank, rank_records in enumerate(_calls(traces)):
+        rows: dict[str, list[float]] = {}
+        for rec in rank_records:
+            row = rows.setdefault(rec["op"], [0, 0, 0, 0, 0.0, 0.0])
+            dt = _done(rec) - rec["t_start"]
+            for i, v in enumerate((1, rec["size"], rec["sent"], rec["recv"], rec["bus_bytes"], dt)):
+                row[i] += v
+        body = []
+        for op, (calls, size, sent, recv, bus, dt) in rows.items():
+            bw = f"{bus / dt / 1e9:.3f}" if dt > 0 and bus else "-"
+            body.append(f"<tr><td>{html.escape(op)}</td><td>{calls:.0f}</td>"
+                        f"<td>{fmt_bytes(size)}</td><td>{fmt_bytes(sent)}</td>"
+                        f"<td>{fmt_bytes(recv)}</td><td>{fmt_bytes(bus)}</td>"
+                        f"<td>{dt * 1e3:.3f}</td><td>{bw}</td></tr>")
+        if not body:
+            body.append('<tr><td colspan="8">no torch.distributed calls</td></tr>')
+        parts.append(f'<table class="distlab-trace"><caption>rank {rank}</caption>'
+                     f"{head}{''.join(body)}</table>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def show_trace(traces: Trace) -> None:
+    """Display the timeline and the per-rank table of a trace (called after ``--trace``)."""
+    from IPython.display import HTML
+
+    if not any(_calls(traces)):
+        _display(HTML("<p>trace: no torch.distributed calls were made.</p>"))
+        return
+    _display(PNG(timeline_figure(traces)), HTML(trace_table_html(traces)))
+
+
+def _cell_color(v: float, lo: float, hi: float) -> tuple[str, str]:
+    from matplotlib import colormaps
+
+    frac = 0.5 if hi == lo else (v - lo) / (hi - lo)
+    r, g, b, _ = colormaps["YlGnBu"](0.1 + 0.75 * frac)
+    return f"rgb({r * 255:.0f},{g * 255:.0f},{b * 255:.0f})", (
+        "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white")
+
+
+def _as_rows(buf: Any) -> list[list[Any]]:
+    if hasattr(buf, "detach"):
+        buf = buf.detach().cpu().tolist()
+    buf = list(buf)
+    return [list(row) for row in buf] if buf and isinstance(buf[0], (list, tuple)) else [buf]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.0f}" if v.is_integer() and abs(v) < 1e6 else f"{v:.3g}"
+    return html.escape(str(v))
+
+
+class BufferGrid:
+    """Per-rank buffers as an HTML grid of coloured cells (one row per rank, values shown).
+
+    ``marks`` maps (rank, index) to a CSS colour drawn as a thick border, used by the ring
+    stepper to show the chunk a rank just sent or received.
+    """
+
+    max_cells = 64
+
+    def __init__(self, buffers: Sequence[Any], title: str | None = None,
+                 labels: Sequence[str] | None = None,
+                 marks: dict[tuple[int, int], str] | None = None) -> None:
+        self.rows = [_as_rows(b) if b is not None else [[]] for b in buffers]
+        self.title, self.marks = title, marks or {}
+        self.labels = list(labels) if labels else [f"rank {r}" for r in range(len(self.rows))]
+
+    def _repr_html_(self) -> str:
+        nums = [v for rows in self.rows for row in rows for v in row
+                if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        lo, hi = (min(nums), max(nums)) if nums else (0, 0)
+        out = ['<div class="distlab-buffers" style="font-family:monospace;font-size:12px">']
+        if self.title:
+            out.append(f"<div><b>{html.escape(self.title)}</b></div>")
+        out.append('<table style="border-collapse:separate;border-spacing:2px">')
+        for rank, rows in enumerate(self.rows):
+            for j, row in enumerate(rows):
+                label = html.escape(self.labels[rank]) if j == 0 else ""
+                cells = [f'<td style="padding-right:8px;text-align:left">{label}</td>']
+                for i, v in enumerate(row[: self.max_cells]):
+                    bg, fg = (_cell_color(float(v), lo, hi)
+                              if isinstance(v, (int, float)) else ("#eee", "black"))
+                    mark = self.marks.get((rank, i)) if len(rows) == 1 else None
+                    border = f"3px solid {mark}" if mark else "3px solid transparent"
+                    cells.append(f'<td style="background:{bg};color:{fg};border:{border};'
+                                 f'min-width:2.2em;text-align:center">{_fmt(v)}</td>')
+                if len(row) > self.max_cells:
+                    cells.append(f"<td>... ({len(row) - self.max_cells} more)</td>")
+                out.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("</table></div>")
+        return "".join(out)
+
+
+def show_buffers(buffers: Sequence[Any], title: str | None = None,
+                 labels: Sequence[str] | None = None) -> BufferGrid | None:
+    """Draw per-rank buffers (list indexed by rank of 1-D/2-D tensors or lists).
+
+    In a Jupyter kernel it displays the grid and returns None. Elsewhere (on a rank) it
+    returns the grid: pass it to the rank's ``display``, e.g. ``display(show_buffers(...))``.
+    """
+    grid = BufferGrid(buffers, title=title, labels=labels)
+    if not in_kernel():
+        return grid
+    _display(grid)
+    return None
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (an IPython shell with a kernel attached), not on a rank."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None

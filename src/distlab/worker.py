@@ -1,0 +1,276 @@
+"""One rank: join the process group, then run cells and functions sent by the kernel.
+
+Runs in a process forked by the launcher. Every outcome goes back as a value (a ``Done`` message
+with a failure or a result); the kernel decides what to raise. Cells run in one namespace that
+persists for the life of the rank, like a notebook kernel's.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import faulthandler
+import linecache
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from distlab import protocol
+from distlab.protocol import Done, Pull, Push, RankFailure, RankHello, RankReady, RunCell, RunFunction, Stop
+from distlab.rank_io import CapturedOutput, make_display
+
+STORE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    pool_id: str
+    generation: int
+    rank: int
+    world_size: int
+    backend: str
+    hub_path: str
+    key: bytes
+    store_port: int
+
+
+class _CudaToCpuPickler(pickle.Pickler):
+    """Results come home on the CPU, so the kernel never has to initialise CUDA to read them."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+            return (_identity, (obj.detach().cpu(),))
+        return NotImplemented
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def dumps_result(value: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    _CudaToCpuPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+class Rank:
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+        self.conn = protocol.connect(spec.hub_path, spec.key)
+        self._lock = threading.Lock()
+        self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid()))
+        self.output = CapturedOutput(spec.rank, self.send)
+        self._stack_file = open(self._stack_path(), "a")  # noqa: SIM115 - lives as long as the rank
+        faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
+        self.in_user_code = False
+        signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def join(self, store_socket: socket.socket | None) -> None:
+        self.device = self._join(store_socket)
+        self.namespace = self._namespace()
+
+    def _stack_path(self) -> str:
+        spec = self.spec
+        return os.path.join(os.path.dirname(spec.hub_path), f"{spec.pool_id}-{spec.generation}-{spec.rank}.stack")
+
+    def send(self, message: protocol.Message) -> None:
+        data = protocol.encode(message)
+        with self._lock:
+            self.conn.send_bytes(data)
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        if self.in_user_code:
+            raise KeyboardInterrupt
+
+    def _join(self, store_socket: socket.socket | None) -> torch.device:
+        spec = self.spec
+        local_rank = spec.rank
+        os.environ.update({
+            "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(spec.world_size), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(spec.store_port),
+        })
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        if spec.backend == "nccl":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        extra = {"master_listen_fd": store_socket.fileno()} if store_socket is not None else {}
+        store = dist.TCPStore(
+            "127.0.0.1", spec.store_port, spec.world_size, spec.rank == 0,
+            STORE_TIMEOUT, wait_for_workers=False, **extra,
+        )
+        self.store = store
+        dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size)
+        _make_reinit_harmless()
+        return device
+
+    def _namespace(self) -> dict[str, Any]:
+        module = types.ModuleType("__main__")
+        sys.modules["__main__"] = module  # classes defined in cells pickle by reference to it
+        namespace = module.__dict__
+        namespace.update({
+            "rank": self.spec.rank, "world_size": self.spec.world_size, "local_rank": self.spec.rank,
+            "device": self.device, "torch": torch, "dist": dist,
+            "display": make_display(self.spec.rank, self.send, self.output),
+        })
+        from distlab import rank_backend
+
+        rank_backend.display = namespace["display"]
+        return namespace
+
+    # --- the loop -----------------------------------------------------------------------------
+    def serve(self) -> None:
+        self.send(RankReady(self.spec.rank, self.spec.backend, str(self.device)))
+        while True:
+            try:
+                message = protocol.recv(self.conn)
+            except (EOFError, OSError):
+                return
+            if isinstance(message, Stop):
+                return
+            self.send(self.run_task(message))  # type: ignore[arg-type]
+
+    def run_task(self, task: protocol.Task) -> Done:
+        started = time.perf_counter()
+        value: bytes | None = None
+        records: list[Any] | None = None
+        failure = None
+        try:
+            if not dist.is_initialized():  # the previous cell destroyed the group: join a fresh one
+                self._rejoin()
+            if isinstance(task, (RunCell, RunFunction)) and task.trace:
+                from distlab.trace import recording
+
+                with recording() as records:
+                    value = self._run(task)
+            else:
+                value = self._run(task)
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back as a value
+            failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
+        finally:
+            self.in_user_code = False
+        if failure is None and isinstance(task, RunCell):
+            self._show_new_figures()
+        self.output.sync()
+        trace = pickle.dumps(records) if records is not None else None
+        return Done(self.spec.rank, task.task, failure, value, trace, time.perf_counter() - started)
+
+    def _run(self, task: protocol.Task) -> bytes | None:
+        if isinstance(task, RunCell):
+            self._run_cell(task.source, task.filename)
+            return None
+        if isinstance(task, RunFunction):
+            fn, args, kwargs = cloudpickle.loads(task.payload)
+            self.in_user_code = True
+            result = fn(*args, **kwargs)
+            self.in_user_code = False
+            return dumps_result(result)
+        if isinstance(task, Pull):
+            if task.name not in self.namespace:
+                raise NameError(f"name {task.name!r} is not defined on rank {self.spec.rank}")
+            return dumps_result(self.namespace[task.name])
+        if isinstance(task, Push):
+            self.namespace[task.name] = cloudpickle.loads(task.payload)
+            return None
+        raise TypeError(f"unknown task {type(task).__name__}")
+
+    def _run_cell(self, source: str, filename: str) -> None:
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        tree = ast.parse(source, filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, filename, "exec")
+        self.in_user_code = True
+        exec(body, self.namespace)
+        if last is not None:
+            value = eval(compile(last, filename, "eval"), self.namespace)
+            if value is not None:
+                print(repr(value))
+        self.in_user_code = False
+
+    def _show_new_figures(self) -> None:
+        if "matplotlib.pyplot" not in sys.modules:
+            return
+        from distlab.rank_backend import show
+
+        show()
+
+    def _rejoin(self) -> None:
+        self._generation_rejoins = getattr(self, "_generation_rejoins", 0) + 1
+        store = dist.PrefixStore(f"rejoin{self._generation_rejoins}", self.store)
+        dist.init_process_group(self.spec.backend, store=store, rank=self.spec.rank, world_size=self.spec.world_size)
+
+
+def _make_reinit_harmless() -> None:
+    """Code written for torchrun calls init_process_group itself; the group already exists, so skip it."""
+    original = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if dist.is_initialized():
+            return None
+        return original(*args, **kwargs)
+
+    init_process_group.__doc__ = original.__doc__
+    dist.init_process_group = init_process_group
+
+
+_WORKER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
+
+
+def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailure:
+    """The exception as text, with distlab's own frames removed and the cell line picked out."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _WORKER_FILES:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    lineno, line = None, ""
+    for frame in traceback.extract_tb(tb):
+        if frame.filename == filename:
+            lineno, line = frame.lineno, frame.line or ""
+    if isinstance(exc, SyntaxError) and exc.filename == filename:
+        lineno, line = exc.lineno, (exc.text or "")
+    return RankFailure(rank, type(exc).__name__, str(exc), text, filename, lineno, line)
+
+
+def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:
+    """Entry point in the forked child; returns the exit code."""
+    try:
+        rank = Rank(spec)
+    except BaseException:  # noqa: BLE001 - no channel to the kernel: the launcher log keeps why
+        os.write(2, traceback.format_exc().encode())
+        return 1
+    try:
+        rank.join(store_socket)
+    except BaseException:  # noqa: BLE001 - tell the kernel why this rank could not join, then exit
+        rank.output.sync(timeout=0.5)
+        rank.send(RankReady(spec.rank, spec.backend, "", error=traceback.format_exc()))
+        return 1
+    if store_socket is not None:
+        store_socket.close()
+    try:
+        rank.serve()
+    finally:
+        rank.output.sync(timeout=0.5)
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - peers may already be gone at shutdown
+                pass
+    return 0
