@@ -100,9 +100,9 @@ def _ring_svg(n: int, messages: Sequence[dict[str, Any]]) -> str:
     pos = [(c + rad * math.sin(2 * math.pi * r / n), c - rad * math.cos(2 * math.pi * r / n))
            for r in range(n)]
     out = [f'<svg width="{size}" height="{size}" xmlns="http://www.w3.org/2000/svg">',
-           '<defs><marker id="dlarrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-           'markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#e15759"/>'
-           "</marker></defs>"]
+           ('<defs><marker id="dlarrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+            'markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#e15759"/>'
+            "</marker></defs>")]
     for m in messages:
         if not (0 <= m["src"] < n and 0 <= (m["dst"] if m["dst"] is not None else -1) < n):
             continue
@@ -138,7 +138,10 @@ def render_frame(frames: Sequence[Frame], k: int) -> str:
     for rank in range(n):
         marks.update({(rank, i): "#4e79a7" for i in f.sent[rank]})
         marks.update({(rank, i): "#f28e2b" for i in f.received[rank]})
-    grid = (BufferGrid(f.buffers, marks=marks)._repr_html_()
+    nums = [float(v) for fr in frames for b in fr.buffers if b for v in b
+            if isinstance(v, (int, float))]
+    vrange = (min(nums), max(nums)) if nums else None
+    grid = (BufferGrid(f.buffers, marks=marks, vrange=vrange)._repr_html_()
             if any(b is not None for b in f.buffers) else "<i>no buffer snapshots traced</i>")
     msgs = "<br>".join(lines) or "<i>no messages in this step</i>"
     return (f'<div class="distlab-ring-step"><b>step {k} of {len(frames) - 1}: '

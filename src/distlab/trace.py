@@ -82,7 +82,9 @@ def _global(group: Any, a: dict[str, Any], name: str) -> int | None:
     if a.get(name) is not None:
         return int(a[name])
     g = a.get("group_" + name)
-    return None if g is None else int(dist.get_global_rank(group or dist.group.WORLD, g))
+    if g is None:
+        return None
+    return int(dist.get_global_rank(group or dist.group.WORLD, g))  # type: ignore[arg-type]
 
 
 def _split_bytes(t: Any, splits: Any, n: int, me: int) -> int:
@@ -174,7 +176,7 @@ def _tensors(a: dict[str, Any]) -> list[torch.Tensor]:
 class TracedWork:
     """A request handle that notes when ``wait()`` returned; everything else is forwarded."""
 
-    __slots__ = ("_work", "_record")
+    __slots__ = ("_record", "_work")
 
     def __init__(self, work: Any, record: dict[str, Any]) -> None:
         self._work = work
@@ -261,7 +263,7 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
                 _add_inner(stack[-1], _describe(op, sig, args, kwargs))
             return fn(*args, **kwargs)
         rec = _describe(op, sig, args, kwargs)
-        for sink in list(_sinks):
+        for sink in _sinks:
             sink.append(rec)
         stack.append(rec)
         rec["wall_start"], rec["t_start"] = time.time(), time.perf_counter()
@@ -349,5 +351,5 @@ def snapshot(tensor: Any, label: str = "", sent: tuple[int, int] | None = None,
            "p2p": [], "peer": None,
            "sent_range": list(sent) if sent else None,
            "recv_range": list(received) if received else None}
-    for sink in list(_sinks):
+    for sink in _sinks:
         sink.append(rec)

@@ -21,8 +21,15 @@ from distlab.costmodel import canonical_op
 from distlab.replay import ring_stepper
 
 __all__ = [
-    "BufferGrid", "fmt_bytes", "p2p_messages", "ring_stepper", "show_buffers", "show_trace",
-    "timeline_figure", "trace_table_html", "PNG",
+    "PNG",
+    "BufferGrid",
+    "fmt_bytes",
+    "p2p_messages",
+    "ring_stepper",
+    "show_buffers",
+    "show_trace",
+    "timeline_figure",
+    "trace_table_html",
 ]
 
 Trace = Sequence[Sequence[dict[str, Any]]]
@@ -152,7 +159,7 @@ def trace_table_html(traces: Trace) -> str:
                 row[i] += v
         body = []
         for op, (calls, size, sent, recv, bus, dt) in rows.items():
-            bw = f"{bus / dt / 1e9:.3f}" if dt > 0 and bus else "-"
+            bw = f"{bus / dt / 1e9:.3g}" if dt > 0 and bus else "-"
             body.append(f"<tr><td>{html.escape(op)}</td><td>{calls:.0f}</td>"
                         f"<td>{fmt_bytes(size)}</td><td>{fmt_bytes(sent)}</td>"
                         f"<td>{fmt_bytes(recv)}</td><td>{fmt_bytes(bus)}</td>"
@@ -201,22 +208,24 @@ class BufferGrid:
     """Per-rank buffers as an HTML grid of coloured cells (one row per rank, values shown).
 
     ``marks`` maps (rank, index) to a CSS colour drawn as a thick border, used by the ring
-    stepper to show the chunk a rank just sent or received.
+    stepper to show the chunk a rank just sent or received. ``vrange`` fixes the colour scale
+    (default: the smallest and largest value shown), so that frames of a replay compare.
     """
 
     max_cells = 64
 
     def __init__(self, buffers: Sequence[Any], title: str | None = None,
                  labels: Sequence[str] | None = None,
-                 marks: dict[tuple[int, int], str] | None = None) -> None:
+                 marks: dict[tuple[int, int], str] | None = None,
+                 vrange: tuple[float, float] | None = None) -> None:
         self.rows = [_as_rows(b) if b is not None else [[]] for b in buffers]
-        self.title, self.marks = title, marks or {}
+        self.title, self.marks, self.vrange = title, marks or {}, vrange
         self.labels = list(labels) if labels else [f"rank {r}" for r in range(len(self.rows))]
 
     def _repr_html_(self) -> str:
         nums = [v for rows in self.rows for row in rows for v in row
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        lo, hi = (min(nums), max(nums)) if nums else (0, 0)
+        lo, hi = self.vrange or ((min(nums), max(nums)) if nums else (0, 0))
         out = ['<div class="distlab-buffers" style="font-family:monospace;font-size:12px">']
         if self.title:
             out.append(f"<div><b>{html.escape(self.title)}</b></div>")
