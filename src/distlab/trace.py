@@ -62,6 +62,9 @@ OBJECT_OPS = (
     "send_object_list", "recv_object_list",
 )
 
+_REDUCING = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single",
+             "reduce_scatter_tensor", "all_reduce_coalesced")
+
 _sinks: list[list[dict[str, Any]]] = []
 _originals: dict[str, Callable[..., Any]] = {}
 _lock = threading.Lock()
@@ -207,14 +210,15 @@ def _describe(op: str, sig: inspect.Signature, args: Any, kwargs: Any) -> dict[s
         recv = sum(p["bytes"] for p in p2p if p["dir"] == "recv")
         size = sent + recv
     ts = _tensors(a)
-    red = a.get("op") if op != "batch_isend_irecv" else None
+    red = a.get("op", dist.ReduceOp.SUM) if op in _REDUCING else None
+    is_async = bool(a.get("async_op", False)) or op in ("isend", "irecv", "batch_isend_irecv")
     return {
         "op": op, "seq": next(_seq), "rank": dist.get_rank(), "group_ranks": ranks,
         "group_size": n, "shapes": [list(t.shape) for t in ts],
         "dtypes": [str(t.dtype).replace("torch.", "") for t in ts], "size": size,
         "bus_bytes": size * bus_factor(op, n), "sent": sent, "recv": recv, "peer": peer,
-        "p2p": p2p, "async": bool(a.get("async_op", False)) or op in ("isend", "irecv")
-        or op == "batch_isend_irecv", "reduce_op": getattr(red, "name", None) if red else None,
+        "p2p": p2p, "async": is_async,
+        "reduce_op": None if red is None else getattr(red, "name", str(red)),
         "t_start": 0.0, "t_end": 0.0, "wall_start": 0.0, "wall_end": 0.0, "t_wait": None,
         "error": None,
     }
