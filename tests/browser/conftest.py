@@ -1,0 +1,151 @@
+"""Fixtures for the browser suite: one `make lab` and one headless Chromium per test session.
+
+Why a real browser: the kit lives in JupyterLab (widgets, the stop button, nbgrader's lab
+extension), and only a browser shows what a learner sees. Chromium is Debian's package
+(`apt-get install chromium`); Playwright never downloads one. Without it the suite is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from labserver import REPO, LabServer, start_lab, stop_lab
+from notebook_page import NotebookPage
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+SKIP_REASON = "browser tests need Debian's Chromium at /usr/bin/chromium: apt-get install chromium"
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+# Scratch notebooks the tests write live under the served root (git-ignored), so the browser
+# opens them exactly like course notebooks.
+SCRATCH = REPO / "artifacts" / "browser"
+# The lab extensions the kit needs; a console error naming one of them fails the test.
+KIT_EXTENSIONS = ("jupyter-widgets", "jupyterlab-manager", "ipywidgets", "widget", "nbgrader")
+
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if CHROMIUM.exists():
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if _HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """`make lab` on a free port with a token, served from the repo, stopped by its pgid.
+
+    Settings that only the tests need go to a temporary user-settings dir: autosave is off,
+    so running course notebooks in the browser never writes outputs into the repo.
+    """
+    base = tmp_path_factory.mktemp("lab")
+    user_settings = base / "user-settings"
+    docmanager = user_settings / "@jupyterlab" / "docmanager-extension"
+    docmanager.mkdir(parents=True)
+    (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
+    workspaces = base / "workspaces"
+    workspaces.mkdir()
+    server = start_lab(
+        base / "lab.log",
+        lab_flags=f"--LabApp.user_settings_dir={user_settings} --LabApp.workspaces_dir={workspaces}",
+    )
+    try:
+        yield server
+    finally:
+        try:
+            server.shutdown_kernels()
+        finally:
+            stop_lab(server)
+            # keep the server log next to the screenshots for a failed CI run
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(server.log_path, SCREENSHOTS / "lab.log")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@dataclass
+class LabUI:
+    """A fresh browser page on the lab, plus every console error it logs."""
+
+    page: Any
+    server: LabServer
+    console_errors: list[str] = field(default_factory=list)
+
+    def open(self, path: str) -> NotebookPage:
+        """Open the notebook at `path` (relative to the repo) and wait for an idle kernel."""
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        return NotebookPage(self.page, self.server.url, path, SCREENSHOTS).open()
+
+    def assert_console_clean(self) -> None:
+        """No console error from the extensions the kit needs (ipywidgets, nbgrader)."""
+        bad = [m for m in self.console_errors if any(x in m.lower() for x in KIT_EXTENSIONS)]
+        assert not bad, "console errors from the kit's lab extensions:\n" + "\n".join(bad)
+
+
+@pytest.fixture
+def lab_ui(lab: LabServer, browser: Any) -> Iterator[LabUI]:
+    """A new page (own context, 1400x900) whose kernels are shut down after the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    ui = LabUI(page=page, server=lab)
+
+    def on_console(msg: Any) -> None:
+        if msg.type == "error":
+            where = msg.location.get("url", "") if msg.location else ""
+            ui.console_errors.append(f"console.error: {msg.text} ({where})")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: ui.console_errors.append(f"uncaught: {exc}"))
+    try:
+        yield ui
+    finally:
+        context.close()
+        lab.shutdown_kernels()
+
+
+@pytest.fixture
+def scratch_notebook() -> Any:
+    """Write a notebook of code cells under artifacts/browser/ and return its served path."""
+
+    def write(name: str, cells: list[str]) -> str:
+        SCRATCH.mkdir(parents=True, exist_ok=True)
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {
+            "name": "python3",
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+        }
+        nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+        nbformat.write(nb, SCRATCH / f"{name}.ipynb")
+        return f"artifacts/browser/{name}.ipynb"
+
+    return write

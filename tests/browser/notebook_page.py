@@ -1,0 +1,191 @@
+"""Drive one notebook in JupyterLab the way a learner does: menus, Shift+Enter, the stop button.
+
+Everything here goes through the visible UI (menu items, toolbar buttons, keyboard), so a test
+that passes means a learner clicking the same things sees the same result. Assertions about
+what the page shows live in the tests; this module only acts and reads.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from playwright.sync_api import Locator, Page
+
+# The open notebook; hidden panels (other tabs) are skipped.
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+_NUMBERED = re.compile(r"^\[\d+\]:$")
+
+
+class NotebookPage:
+    """One notebook opened in its own fresh JupyterLab workspace in `page`."""
+
+    def __init__(self, page: Page, url_for: object, path: str, screenshot_dir: Path) -> None:
+        self.page = page
+        self.path = path
+        self._url_for = url_for
+        self.screenshot_dir = screenshot_dir
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def open(self, timeout_ms: int = 90_000) -> NotebookPage:
+        """Open the notebook in an empty workspace and wait until its kernel is idle.
+
+        A fresh workspace name means no tabs from an earlier test are restored (each restored
+        notebook would start its own kernel and rank pool).
+        """
+        workspace = f"t{uuid.uuid4().hex[:8]}"
+        url = self._url_for(f"lab/workspaces/{workspace}/tree/{self.path}")  # type: ignore[operator]
+        self.page.goto(url)
+        self.page.locator(f"{PANEL} .jp-Cell").first.wait_for(timeout=timeout_ms)
+        self.wait_kernel_idle(timeout_ms)
+        return self
+
+    def wait_kernel_idle(self, timeout_ms: int = 90_000) -> None:
+        """Wait for the status bar to say the notebook's kernel is `Idle`.
+
+        A notebook without kernelspec metadata would stop here on JupyterLab's "Select Kernel"
+        dialog; the error then names the dialog instead of timing out silently.
+        """
+        self.page.wait_for_function(
+            """() => {
+                const d = document.querySelector('.jp-Dialog');
+                if (d) return true;
+                const s = document.querySelector('#jp-main-statusbar');
+                return s && /\\|\\s*Idle/.test(s.innerText);
+            }""",
+            timeout=timeout_ms,
+        )
+        dialog = self.page.locator(".jp-Dialog")
+        if dialog.count():
+            raise AssertionError(f"{self.path}: JupyterLab shows a dialog: {dialog.inner_text()!r}")
+
+    # -- cells -------------------------------------------------------------------------------
+
+    @property
+    def cells(self) -> Locator:
+        return self.page.locator(f"{PANEL} .jp-Notebook .jp-Cell")
+
+    def code_cell_indices(self) -> list[int]:
+        classes = self.cells.evaluate_all("cs => cs.map(c => c.className)")
+        return [i for i, cls in enumerate(classes) if "jp-CodeCell" in cls.split()]
+
+    def find_cell(self, needle: str) -> int:
+        """Index of the first cell whose source contains `needle`."""
+        sources = self.cells.evaluate_all(
+            "cs => cs.map(c => (c.querySelector('.jp-InputArea-editor') || {}).innerText || '')"
+        )
+        for i, src in enumerate(sources):
+            if needle in src:
+                return i
+        raise AssertionError(f"{self.path}: no cell contains {needle!r}")
+
+    def prompt(self, index: int) -> str:
+        return self.cells.nth(index).locator(".jp-InputPrompt").inner_text().strip()
+
+    def output_text(self, index: int) -> str:
+        """All text the cell's output area shows (stdout, stderr, errors, rich text)."""
+        area = self.cells.nth(index).locator(".jp-OutputArea")
+        return area.inner_text() if area.count() else ""
+
+    def error_outputs(self) -> list[tuple[int, str]]:
+        """(cell index, text) of every stderr stream or error traceback the notebook shows.
+
+        JupyterLab renders both with the stderr MIME type; the kit writes nothing to stderr
+        when a cell succeeds, so any such output is a failure a learner would see.
+        """
+        found = self.cells.evaluate_all(
+            """cs => cs.flatMap((c, i) => [...c.querySelectorAll(
+                    '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+                .map(o => [i, o.innerText]))"""
+        )
+        return [(int(i), str(text)) for i, text in found]
+
+    # -- running -----------------------------------------------------------------------------
+
+    def select(self, index: int) -> None:
+        """Make cell `index` the active cell in command mode (click its prompt, press Esc)."""
+        cell = self.cells.nth(index)
+        cell.scroll_into_view_if_needed()
+        cell.locator(".jp-InputPrompt").click()
+        self.page.keyboard.press("Escape")
+
+    def run_cell(self, index: int, wait: bool = True, timeout_ms: int = 90_000) -> str:
+        """Select cell `index`, press Shift+Enter; when `wait`, return its output once done."""
+        self.select(index)
+        self.page.keyboard.press("Shift+Enter")
+        if not wait:
+            return ""
+        self.wait_cell_done(index, timeout_ms)
+        return self.output_text(index)
+
+    def wait_cell_running(self, index: int, timeout_ms: int = 30_000) -> None:
+        self.page.wait_for_function(
+            """([sel, i]) => {
+                const c = document.querySelectorAll(sel)[i];
+                return c && c.querySelector('.jp-InputPrompt').innerText.includes('*');
+            }""",
+            arg=[f"{PANEL} .jp-Notebook .jp-Cell", index],
+            timeout=timeout_ms,
+        )
+
+    def wait_cell_done(self, index: int, timeout_ms: int = 90_000) -> None:
+        """Wait until cell `index` shows an execution count (`[n]:`), i.e. it finished."""
+        self.page.wait_for_function(
+            """([sel, i]) => {
+                const c = document.querySelectorAll(sel)[i];
+                return c && /^\\[\\d+\\]:$/.test(c.querySelector('.jp-InputPrompt').innerText.trim());
+            }""",
+            arg=[f"{PANEL} .jp-Notebook .jp-Cell", index],
+            timeout=timeout_ms,
+        )
+
+    def wait_output(self, index: int, needle: str, timeout_ms: int = 60_000) -> None:
+        """Wait until cell `index` shows `needle` in its output."""
+        self.page.wait_for_function(
+            """([sel, i, needle]) => {
+                const c = document.querySelectorAll(sel)[i];
+                const o = c && c.querySelector('.jp-OutputArea');
+                return !!o && o.innerText.includes(needle);
+            }""",
+            arg=[f"{PANEL} .jp-Notebook .jp-Cell", index, needle],
+            timeout=timeout_ms,
+        )
+
+    def run_all(self, timeout_ms: int = 180_000) -> None:
+        """Run > Run All Cells, then wait until no cell is queued or running.
+
+        JupyterLab stops a run-all at the first failing cell; the cells after it keep an
+        empty prompt, which the caller sees through `prompt()` and `error_outputs()`.
+        """
+        self.page.get_by_role("menuitem", name="Run", exact=True).click()
+        self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        first = self.code_cell_indices()[0]
+        self.page.wait_for_function(
+            """([sel, first]) => {
+                const ps = [...document.querySelectorAll(sel)].map(c => c.innerText.trim());
+                return ps.length > 0 && !ps.some(p => p.includes('*'))
+                    && /^\\[\\d+\\]:$/.test(ps[first]);
+            }""",
+            arg=[f"{PANEL} .jp-Notebook .jp-Cell .jp-InputPrompt", first],
+            timeout=timeout_ms,
+        )
+        self.wait_kernel_idle(timeout_ms)
+
+    def interrupt(self) -> None:
+        """Press the toolbar's stop button (Interrupt the kernel)."""
+        self.page.locator(
+            f"{PANEL} .jp-NotebookPanel-toolbar jp-button[data-command='notebook:interrupt-kernel']"
+        ).click()
+
+    def all_prompts_numbered(self) -> bool:
+        return all(_NUMBERED.match(self.prompt(i)) for i in self.code_cell_indices())
+
+    # -- pictures ----------------------------------------------------------------------------
+
+    def screenshot(self, name: str) -> Path:
+        """Save the whole page as <screenshot_dir>/<name>.png and return the path."""
+        path = self.screenshot_dir / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        return path

@@ -1,0 +1,70 @@
+"""What a learner sees in JupyterLab when ranks hang or when they press the stop button.
+
+Both failures must end the cell with a visible report and leave the notebook usable: the
+next `%%dist` cell runs on live ranks without restarting the kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+NEXT_CELL = "%%dist -n 2\nprint('alive', rank)"
+
+
+def test_deadlock_shows_hang_report_and_next_cell_runs(lab_ui, scratch_notebook):
+    path = scratch_notebook(
+        "deadlock",
+        [
+            "%load_ext distlab",
+            # both ranks receive first and nobody sends: a deadlock the deadline must end
+            "%%dist -n 2 --timeout 3\nbuf = torch.zeros(1)\ndist.recv(buf, src=1 - rank)",
+            NEXT_CELL,
+        ],
+    )
+    nb = lab_ui.open(path)
+    nb.run_cell(0)
+
+    report = nb.run_cell(1, timeout_ms=60_000)
+    nb.screenshot("deadlock_hang_report")
+    assert "RankTimeout" in report, report
+    # the report shows where each rank is stuck: the cell's own line, for both ranks
+    assert "dist.recv(buf, src=1 - rank)" in report, report
+    assert "ranks 0-1" in report or ("rank 0" in report and "rank 1" in report), report
+
+    after = nb.run_cell(2, timeout_ms=60_000)
+    nb.screenshot("deadlock_next_cell")
+    assert "[rank 0] alive 0" in after and "[rank 1] alive 1" in after, after
+    assert [i for i, _ in nb.error_outputs()] == [1]
+    lab_ui.assert_console_clean()
+
+
+def test_stop_button_interrupts_ranks_and_next_cell_runs(lab_ui, scratch_notebook):
+    path = scratch_notebook(
+        "interrupt",
+        [
+            "%load_ext distlab",
+            "%%dist -n 2\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+            NEXT_CELL,
+        ],
+    )
+    nb = lab_ui.open(path)
+    nb.run_cell(0)
+
+    nb.run_cell(1, wait=False)
+    nb.wait_output(1, "[rank 1] sleeping")  # both ranks are inside the long cell now
+    nb.wait_output(1, "[rank 0] sleeping")
+    nb.interrupt()
+    # far sooner than the 60 s sleep: the ranks themselves were stopped
+    nb.wait_cell_done(1, timeout_ms=20_000)
+    stopped = nb.output_text(1)
+    nb.screenshot("interrupt_stopped")
+    assert "interrupt" in stopped.lower(), stopped
+
+    # ranks that were still sleeping would hold this cell for the rest of the minute
+    after = nb.run_cell(2, timeout_ms=20_000)
+    nb.screenshot("interrupt_next_cell")
+    assert "[rank 0] alive 0" in after and "[rank 1] alive 1" in after, after
+    assert [i for i, _ in nb.error_outputs()] == [1]
+    lab_ui.assert_console_clean()
