@@ -38,7 +38,7 @@ def run(
     >>> distlab.run(hello, world_size=2)
     [0, 1]
     """
-    pool = Pool(world_size, backend)
+    pool = Pool(world_size, backend, eager_restart=False)
     try:
         dones = pool.call(fn, args, kwargs, timeout=timeout, trace=trace)
     finally:

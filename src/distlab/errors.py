@@ -33,8 +33,7 @@ class RankError(DistlabError):
     @classmethod
     def from_failures(cls, failures: Sequence[RankFailure], world_size: int, note: str = "") -> RankError:
         ranks = sorted({f.rank for f in failures})
-        noun = "rank" if len(ranks) == 1 else "ranks"
-        message = f"{len(ranks)} of {world_size} {noun} failed"
+        message = f"{len(ranks)} of {world_size} ranks failed"
         first = failures[0]
         message += f" (rank {first.rank}: {first.exc_type}: {first.message})" if first.message else (
             f" (rank {first.rank}: {first.exc_type})")

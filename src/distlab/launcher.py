@@ -17,7 +17,7 @@ import sys
 from multiprocessing.connection import Connection
 
 from distlab import protocol
-from distlab.protocol import LauncherHello, RankExited, Shutdown, SignalRanks, SpawnRanks
+from distlab.protocol import KillGeneration, LauncherHello, RankExited, Shutdown, SignalRanks, SpawnRanks
 
 POLL_SECONDS = 0.02
 
@@ -70,6 +70,13 @@ class Launcher:
                 if pid in self.children:  # only our own, still unreaped, children
                     try:
                         os.kill(pid, message.signum)
+                    except ProcessLookupError:
+                        pass
+        elif isinstance(message, KillGeneration):
+            for pid, (pool_id, generation, _) in self.children.items():
+                if (pool_id, generation) == (message.pool_id, message.generation):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
 

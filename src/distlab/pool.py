@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from distlab import protocol
+from distlab import codeship, protocol
 from distlab.backends import resolve_backend
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
 from distlab.hub import Hub
-from distlab.protocol import Display, Done, Output, RankFailure, RankReady, SignalRanks, SpawnRanks
+from distlab.protocol import Display, Done, KillGeneration, Output, RankFailure, RankReady, SignalRanks, SpawnRanks
 from distlab.report import format_failures, format_stacks, rank_label
 
 START_TIMEOUT = 120.0
@@ -87,7 +87,7 @@ class Pool:
     """``world_size`` ranks joined in one process group; start() is quick, work waits for readiness."""
 
     def __init__(self, world_size: int, backend: str = "auto", hub: Hub | None = None,
-                 sink: Sink | None = None) -> None:
+                 sink: Sink | None = None, eager_restart: bool = True) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
@@ -101,6 +101,7 @@ class Pool:
         self.started = False
         self._tasks = itertools.count(1)
         self.restarts = 0
+        self.eager_restart = eager_restart  # start the next generation right after a failure
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,10 +169,9 @@ class Pool:
         self.start()
 
     def _kill(self) -> None:
-        pids = tuple(h.pid for h in self.handles.values())
-        if pids and self.hub.alive():
+        if self.started and self.hub.alive():
             try:
-                self.hub.send_launcher(SignalRanks(pids, int(signal.SIGKILL)))
+                self.hub.send_launcher(KillGeneration(self.pool_id, self.generation))
             except PoolDied:
                 pass
         for handle in self.handles.values():
@@ -201,8 +201,10 @@ class Pool:
 
     def call(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
              timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
-        return self.execute(lambda t: protocol.RunFunction(t, payload, trace), None, timeout)
+        files, sources = codeship.describe(fn)
+        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), files, sources))
+        path = tuple(sys.path)
+        return self.execute(lambda t: protocol.RunFunction(t, payload, trace, path), None, timeout)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> list[Any]:
         dones = self.execute(lambda t: protocol.Pull(t, name), ranks, timeout)
@@ -210,7 +212,8 @@ class Pool:
 
     def push(self, name: str, value: Any, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> None:
         payload = cloudpickle.dumps(value)
-        self.execute(lambda t: protocol.Push(t, name, payload), ranks, timeout)
+        path = tuple(sys.path)
+        self.execute(lambda t: protocol.Push(t, name, payload, path), ranks, timeout)
 
     def execute(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
                 timeout: float, cell_lines: dict[str, list[str]] | None = None) -> dict[int, Done]:
@@ -266,7 +269,8 @@ class Pool:
         """Kill every rank and start a new generation; returns the sentence that says so."""
         self._kill()
         self.restarts += 1
-        self.start()
+        if self.eager_restart:
+            self.start()
         return (f"Rank state was lost: every rank was stopped and the pool restarted with "
                 f"{self.world_size} fresh ranks ({self.backend}).")
 

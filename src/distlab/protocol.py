@@ -57,6 +57,15 @@ class SignalRanks:
 
 
 @dataclass(frozen=True)
+class KillGeneration:
+    """Kill every rank of one pool generation, including ranks that have not connected yet."""
+
+    pool_id: str
+    generation: int
+    kind: Literal["kill_generation"] = "kill_generation"
+
+
+@dataclass(frozen=True)
 class Shutdown:
     kind: Literal["shutdown"] = "shutdown"
 
@@ -137,8 +146,9 @@ class RunCell:
 @dataclass(frozen=True)
 class RunFunction:
     task: int
-    payload: bytes  # cloudpickle of (fn, args, kwargs)
+    payload: bytes  # cloudpickle of (fn, args, kwargs, code file names, source lines)
     trace: bool = False
+    sys_path: tuple[str, ...] = ()  # the caller's import path, so its modules import on the rank too
     kind: Literal["run_function"] = "run_function"
 
 
@@ -154,6 +164,7 @@ class Push:
     task: int
     name: str
     payload: bytes
+    sys_path: tuple[str, ...] = ()
     kind: Literal["push"] = "push"
 
 
@@ -163,13 +174,13 @@ class Stop:
 
 
 Message = Union[
-    SpawnRanks, SignalRanks, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
+    SpawnRanks, SignalRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
     Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
 ]
 Task = Union[RunCell, RunFunction, Pull, Push]
 
 _ALLOWED = {cls.__name__: cls for cls in (
-    RankFailure, SpawnRanks, SignalRanks, Shutdown, LauncherHello, RankExited, RankHello,
+    RankFailure, SpawnRanks, SignalRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
     RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
 )}
 

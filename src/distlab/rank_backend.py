@@ -6,7 +6,6 @@ rank's ``display``. It is selected with MPLBACKEND before the rank imports matpl
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from matplotlib import pyplot as plt
@@ -14,7 +13,7 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-display: Callable[..., None] | None = None  # set by the worker once the rank is up
+from distlab import rank_io
 
 FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase
@@ -23,6 +22,6 @@ FigureManager = FigureManagerBase
 def show(*args: Any, **kwargs: Any) -> None:
     """Display every open figure in the cell, then close it (like Jupyter's inline backend)."""
     for manager in Gcf.get_all_fig_managers():
-        if display is not None:
-            display(manager.canvas.figure)
+        if rank_io.current_display is not None:
+            rank_io.current_display(manager.canvas.figure)
         plt.close(manager.canvas.figure)

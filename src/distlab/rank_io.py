@@ -21,6 +21,7 @@ from distlab.protocol import Display, Output
 
 Send = Callable[[Any], None]
 CHUNK = 65536
+current_display: Callable[..., None] | None = None  # the rank's display(), once the rank is up
 
 
 class _Forwarder(threading.Thread):

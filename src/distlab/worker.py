@@ -27,8 +27,9 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import protocol
+from distlab import codeship, protocol
 from distlab.protocol import Done, Pull, Push, RankFailure, RankHello, RankReady, RunCell, RunFunction, Stop
+from distlab import rank_io
 from distlab.rank_io import CapturedOutput, make_display
 
 STORE_TIMEOUT = datetime.timedelta(seconds=120)
@@ -129,9 +130,7 @@ class Rank:
             "device": self.device, "torch": torch, "dist": dist,
             "display": make_display(self.spec.rank, self.send, self.output),
         })
-        from distlab import rank_backend
-
-        rank_backend.display = namespace["display"]
+        rank_io.current_display = namespace["display"]
         return namespace
 
     # --- the loop -----------------------------------------------------------------------------
@@ -175,8 +174,11 @@ class Rank:
         if isinstance(task, RunCell):
             self._run_cell(task.source, task.filename)
             return None
+        if isinstance(task, (RunFunction, Push)):
+            sys.path.extend(p for p in task.sys_path if p not in sys.path)
         if isinstance(task, RunFunction):
-            fn, args, kwargs = cloudpickle.loads(task.payload)
+            fn, args, kwargs, files, sources = cloudpickle.loads(task.payload)
+            codeship.restore(fn, files, sources)
             self.in_user_code = True
             result = fn(*args, **kwargs)
             self.in_user_code = False
@@ -237,9 +239,12 @@ _WORKER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
 def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailure:
     """The exception as text, with distlab's own frames removed and the cell line picked out."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in _WORKER_FILES:
-        tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    if isinstance(exc, SyntaxError):  # the parser's own frames say nothing about the cell
+        tb = None
+    summary = traceback.TracebackException(type(exc), exc, tb)
+    summary.stack = traceback.StackSummary.from_list(
+        [frame for frame in summary.stack if frame.filename not in _WORKER_FILES])
+    text = "".join(summary.format())
     lineno, line = None, ""
     for frame in traceback.extract_tb(tb):
         if frame.filename == filename:

@@ -1,0 +1,207 @@
+"""Exercise 1: all_reduce built from reduce_scatter and all_gather.
+
+The student writes ``all_reduce_rs_ag(tensor, op=dist.ReduceOp.SUM, group=None)``, in place like
+``dist.all_reduce``. This module holds the graded parts, the rank-side driver and the trusted
+judge; the reference result is computed here from every rank's input, never on the ranks.
+
+``try_case`` is the helper the notebook's visible tests use in the learner's own kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distlab.grading import compare
+from distlab.grading.spec import Batch, Exercise, Part, Submission
+
+SETUP_SOURCE = '''\
+import torch
+import torch.distributed as dist
+
+import distlab
+import distlab.grading
+from distlab.grading import ex1_all_reduce_rs_ag as ex1
+
+# torch 2.13 renamed the single-tensor collectives; older torch only has the old names
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor'''
+
+FUNCTION = "all_reduce_rs_ag"
+OPS = ("SUM", "AVG", "MAX", "MIN")
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of the student's function: every rank passes a tensor of ``shape``."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    op: str = "SUM"
+    groups: tuple[tuple[int, ...], ...] = ()  # a partition of the ranks, one group per part; () = world
+    check_comm: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def describe(self, world_size: int) -> str:
+        text = f"world_size={world_size}, shape={self.shape} (numel={self.numel}), {self.dtype}, op={self.op}"
+        if self.groups:
+            text += f", groups={[list(g) for g in self.groups]}"
+        return text
+
+    def members(self, world_size: int, rank: int) -> tuple[int, ...]:
+        for group in self.groups:
+            if rank in group:
+                return group
+        return tuple(range(world_size))
+
+
+def make_input(case: Case, world_size: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s input: deterministic, so the grader can rebuild every rank's input itself."""
+    seed = zlib.crc32(repr((case, world_size, rank)).encode())
+    gen = torch.Generator().manual_seed(seed)
+    if case.dtype == "int64":
+        return torch.randint(-100, 100, case.shape, generator=gen, dtype=torch.int64)
+    # multiples of 1/8: every partial sum is exact, whatever order the ranks add in
+    return (torch.randint(-80, 80, case.shape, generator=gen) / 8).to(DTYPES[case.dtype])
+
+
+def expected(case: Case, world_size: int, rank: int) -> torch.Tensor:
+    """What ``dist.all_reduce`` would leave in rank ``rank``'s tensor."""
+    inputs = torch.stack([make_input(case, world_size, r) for r in case.members(world_size, rank)])
+    if case.op == "SUM":
+        return inputs.sum(0)
+    if case.op == "AVG":
+        return inputs.mean(0)
+    if case.op == "MAX":
+        return inputs.amax(0)
+    return inputs.amin(0)
+
+
+# --- rank side ----------------------------------------------------------------------------------
+def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
+    """On every rank: load the submission under the guard, run each case, return plain records."""
+    import torch.distributed as dist
+
+    from distlab.grading import guard, harness
+
+    watcher = guard.install()  # before the student's source runs
+    fn = harness.load_function(submission, watcher)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    records = []
+    for case in cases:
+        # every rank creates every group of the partition, in the same order
+        mine = None
+        for ranks in case.groups:
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                mine = group
+        tensor = make_input(case, world_size, rank)
+        kwargs: dict[str, Any] = {}
+        if case.op != "SUM":  # SUM goes through the default argument
+            kwargs["op"] = getattr(dist.ReduceOp, case.op)
+        if mine is not None:
+            kwargs["group"] = mine
+        with watcher.watch() as log:
+            harness.call(fn, case.describe(world_size), tensor, **kwargs)
+        records.append({"tensor": harness.tensor_record(tensor), **log})
+    return records
+
+
+# --- trusted side -------------------------------------------------------------------------------
+def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
+    """None when every rank's tensor matches the reference (and the communication is right)."""
+    ws = batch.world_size
+    for index, case in enumerate(batch.cases):
+        text = case.describe(ws)
+        for rank in range(ws):
+            record = compare.record(records, rank, index)
+            if record is None:
+                return f"{text}: rank {rank} sent back no result"
+            want = expected(case, ws, rank)
+            problem = compare.tensor_problem(record.get("tensor"), want,
+                                             exact=case.op in ("MAX", "MIN") or case.dtype == "int64",
+                                             original=make_input(case, ws, rank))
+            if problem:
+                return f"{text}: rank {rank} {problem}"
+        if case.check_comm:
+            chunk = -(-case.numel // ws)
+            for rank in range(ws):
+                record = compare.record(records, rank, index) or {}
+                problem = compare.comm_problem(record, allowed=("reduce_scatter", "all_gather"),
+                                               required=("reduce_scatter", "all_gather"),
+                                               limit_elements=2 * ws * chunk)
+                if problem:
+                    return f"{text}: rank {rank} {problem}"
+    return None
+
+
+def _batch(world_size: int, *cases: Case) -> Batch:
+    return Batch(world_size, cases)
+
+
+PARTS = (
+    Part("divisible", "sizes divisible by the world size", (
+        _batch(2, Case((4,)), Case((6,))),
+        _batch(4, Case((8,)), Case((12,))),
+    )),
+    Part("indivisible", "sizes not divisible by the world size, fewer elements than ranks", (
+        _batch(3, Case((7,)), Case((2,)), Case((1,)), Case((10,))),
+        _batch(4, Case((5,)), Case((3,)), Case((9,))),
+    )),
+    Part("shapes", "any shape", (
+        _batch(3, Case((2, 5)), Case((3, 1, 4)), Case(()), Case((4, 3))),
+    )),
+    Part("dtypes", "float32, float64 and int64", (
+        _batch(3, Case((7,), "float64"), Case((7,), "int64"), Case((6,), "float32")),
+    )),
+    Part("ops", "SUM, MAX, MIN and AVG", (
+        _batch(3, Case((7,), op="MAX"), Case((5,), "int64", "MIN"), Case((8,), op="AVG"),
+               Case((4,), "int64", "MAX"), Case((6,), "float64", "SUM")),
+    )),
+    Part("subgroup", "a subgroup of the ranks", (
+        _batch(4, Case((5,), groups=((0, 2), (1, 3))), Case((7,), op="MAX", groups=((0, 1, 3), (2,)))),
+        _batch(3, Case((3,), groups=((0,), (1, 2)))),
+    )),
+    Part("communication", "only reduce_scatter and all_gather, one chunk per rank", (
+        _batch(4, Case((16,), check_comm=True), Case((7,), op="MAX", check_comm=True)),
+        _batch(3, Case((7,), check_comm=True)),
+    )),
+)
+
+EXERCISE = Exercise(
+    key="ex1",
+    assignment="ex1_all_reduce_rs_ag",
+    function=FUNCTION,
+    solution_ids=(FUNCTION,),
+    setup_source=SETUP_SOURCE,
+    parts=PARTS,
+    rank_main=rank_main,
+    judge=judge,
+)
+
+
+def try_case(fn: Any, world_size: int = 2, shape: tuple[int, ...] = (4,), dtype: str = "float32",
+             op: str = "SUM", groups: tuple[tuple[int, ...], ...] = (), check_comm: bool = False,
+             timeout: float = 30.0) -> None:
+    """Run ``fn`` on fresh ranks for one case and raise AssertionError with what went wrong.
+
+    For the learner's own kernel (the notebook's visible tests); the grade itself is decided
+    by the grader in processes your kernel does not touch.
+    """
+    from distlab.grading import runner
+
+    if dtype not in DTYPES or op not in OPS:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} and op one of {OPS}")
+    batch = Batch(world_size, (Case(tuple(shape), dtype, op, tuple(map(tuple, groups)), check_comm),))
+    part = Part("try", "one case", (batch,))
+    message = runner.run_batch(EXERCISE, Submission(FUNCTION, fn=fn), part, batch, timeout)
+    if message:
+        raise AssertionError(message)

@@ -1,0 +1,89 @@
+"""Rank side: turn a submission into a function, call it, and report plain data.
+
+Everything here runs in a fresh grading rank. The guard is installed before the submission's
+source is executed; results leave the rank as dicts of str/int/bytes (never as objects the
+submission made), and a failure leaves as a ``SubmissionFailed`` whose message is written for
+the student: the case, the exception and the line of their cell.
+"""
+
+from __future__ import annotations
+
+import builtins
+import linecache
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from distlab.grading.guard import CommGuard
+from distlab.grading.spec import Submission
+
+SUBMISSION_FILE = "<solution cell>"
+CASE_MARK = "\x1edistlab-grading-case "  # printed before each case so a hang can be placed
+
+
+class SubmissionFailed(Exception):
+    """The submission raised, or could not be loaded; the message is the student's feedback."""
+
+
+def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any]:
+    """Execute the trusted setup, then the student's cell, in a fresh namespace; return the function."""
+    if submission.fn is not None:
+        return submission.fn
+    namespace: dict[str, Any] = {"__name__": "__submission__", "__builtins__": builtins}
+    exec(compile(submission.setup_source, "<setup cell>", "exec"), namespace)
+    source = submission.source or ""
+    linecache.cache[SUBMISSION_FILE] = (len(source), None, source.splitlines(True), SUBMISSION_FILE)
+    try:
+        code = compile(source, SUBMISSION_FILE, "exec")
+    except SyntaxError as exc:
+        raise SubmissionFailed(f"your solution cell does not compile: line {exc.lineno}: {exc.msg}") from None
+    with guard.watch() as log:
+        try:
+            exec(code, namespace)
+        except BaseException as exc:  # noqa: BLE001 - anything the cell raises is feedback
+            raise SubmissionFailed(f"running your solution cell raised {_describe(exc)}") from None
+    if log["ops"]:
+        raise SubmissionFailed("your solution cell communicates when it is run; "
+                               "do all communication inside the function")
+    fn = namespace.get(submission.function)
+    if not callable(fn):
+        raise SubmissionFailed(f"{submission.function} is not defined by your solution cell")
+    return fn  # type: ignore[no-any-return]
+
+
+def call(fn: Callable[..., Any], case_text: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the student's function; any exception becomes a SubmissionFailed naming the case."""
+    print(f"{CASE_MARK}{case_text}", flush=True)
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
+        raise SubmissionFailed(f"{case_text}: raised {_describe(exc)}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == SUBMISSION_FILE]
+    if frames:
+        last = frames[-1]
+        text += f" (line {last.lineno} of your solution cell: {(last.line or '').strip()})"
+    return text
+
+
+def tensor_record(value: Any) -> dict[str, Any]:
+    """A tensor as plain data; anything that is not exactly a torch.Tensor is recorded as such."""
+    if type(value) is not torch.Tensor:
+        return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+    t = value.detach().to("cpu").contiguous()
+    return {
+        "type": "torch.Tensor",
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "data": t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"",
+    }
+
+
+def flush() -> None:
+    sys.stdout.flush()

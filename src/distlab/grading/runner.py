@@ -1,0 +1,150 @@
+"""Trusted side: run each part on fresh ranks within its time budget and judge what comes back.
+
+Each batch gets a brand-new set of rank processes (forked by distlab's preloaded launcher, which
+never runs student code), so a submission that patched torch in one part cannot touch the next.
+Rank results are unpickled with an unpickler that refuses every class: the ranks send only
+plain data (see ``harness.tensor_record``), and a submission that tries to smuggle an object
+back gets an error, not code execution here. A hang ends at the part's deadline; the part scores
+zero and the remaining parts are graded normally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from distlab.errors import PoolDied, RankError, RankTimeout
+from distlab.grading.harness import CASE_MARK, SUBMISSION_FILE
+from distlab.grading.spec import Batch, Exercise, Part, PartResult, Submission, SubmissionResult
+from distlab.pool import Pool
+from distlab.protocol import RankFailure
+
+DEFAULT_PART_TIMEOUT = 30.0
+MAX_MESSAGE = 900
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Builds only what pickle encodes natively (dict, list, str, bytes, numbers, None)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"grading results may hold plain data only, not {module}.{name}")
+
+
+def plain_loads(data: bytes | None) -> Any:
+    return _PlainDataUnpickler(io.BytesIO(data or pickle.dumps(None))).load()
+
+
+class _CaseSink:
+    """Keeps only each rank's latest case mark (to say where a hang happened); drops other output."""
+
+    def __init__(self) -> None:
+        self.case: dict[int, str] = {}
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith(CASE_MARK):
+                self.case[rank] = line[len(CASE_MARK):]
+
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
+        pass
+
+
+def run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Batch,
+              timeout: float) -> str | None:
+    """Run one batch on fresh ranks; None when every case is right, else feedback text."""
+    sink = _CaseSink()
+    pool = Pool(batch.world_size, "gloo", sink=sink)
+    try:
+        dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(timeout, 0.1))
+    except RankTimeout as exc:
+        if exc.failures:
+            return _failures_text(exc.failures, sink, submission)
+        return _hang_text(exc, sink, submission, timeout)
+    except RankError as exc:
+        return _failures_text(exc.failures, sink, submission)
+    except PoolDied as exc:
+        return f"world_size={batch.world_size}: the ranks could not run ({exc})"
+    finally:
+        pool.stop()
+    try:
+        records = [plain_loads(dones[r].value) for r in sorted(dones)]
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+        return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})"
+    return exercise.judge(part, batch, records)
+
+
+def grade_part(exercise: Exercise, submission: Submission, part: Part,
+               budget: float = DEFAULT_PART_TIMEOUT) -> PartResult:
+    """All batches of one part share one time budget; the first failing case decides."""
+    started = time.monotonic()
+    deadline = started + budget
+    for batch in part.batches:
+        left = deadline - time.monotonic()
+        message = run_batch(exercise, submission, part, batch, left) if left > 0 else (
+            f"not run: the part's {budget:g} s budget was used up")
+        if message:
+            return PartResult(part.name, False, _cut(message), time.monotonic() - started,
+                              sum(len(b.cases) for b in part.batches))
+    return PartResult(part.name, True, "", time.monotonic() - started,
+                      sum(len(b.cases) for b in part.batches))
+
+
+def grade_submission(exercise: Exercise, source: str, part_timeout: float = DEFAULT_PART_TIMEOUT,
+                     parts: Iterable[str] | None = None) -> SubmissionResult:
+    """Grade the source of the student's answer cells, part by part, each on fresh ranks."""
+    started = time.monotonic()
+    submission = Submission(exercise.function, exercise.setup_source, source)
+    chosen = [exercise.part(p) for p in parts] if parts is not None else list(exercise.parts)
+    result = SubmissionResult(exercise.assignment, source_digest(source))
+    for part in chosen:
+        result.parts.append(grade_part(exercise, submission, part, part_timeout))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+# --- feedback text ------------------------------------------------------------------------------
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+def _failures_text(failures: list[RankFailure], sink: _CaseSink, submission: Submission) -> str:
+    lines = []
+    for failure in failures[:3]:
+        if failure.exc_type == "SubmissionFailed":
+            lines.append(f"rank {failure.rank}: {failure.message}")
+            continue
+        where = sink.case.get(failure.rank)
+        text = f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type
+        lines.append(f"{where + ': ' if where else ''}rank {failure.rank}: {text}")
+    if len(failures) > 3:
+        lines.append(f"(and {len(failures) - 3} more ranks)")
+    return "\n".join(lines)
+
+
+_FRAME = re.compile(r'File "' + re.escape(SUBMISSION_FILE) + r'", line (\d+)')
+
+
+def _hang_text(exc: RankTimeout, sink: _CaseSink, submission: Submission, timeout: float) -> str:
+    cases = sorted(set(sink.case.values()))
+    lines = [f"did not finish within the {timeout:.0f} s left for this part "
+             f"(a rank is probably waiting in a collective the others never joined)"]
+    if cases:
+        lines.append("running: " + "; ".join(cases))
+    source_lines = (submission.source or "").splitlines()
+    for rank, stack in sorted(exc.stacks.items()):
+        numbers = _FRAME.findall(stack)
+        if numbers:
+            # faulthandler lists the innermost frame first
+            number = int(numbers[0])
+            code = source_lines[number - 1].strip() if 0 < number <= len(source_lines) else ""
+            lines.append(f"rank {rank} was stuck at line {number} of your solution cell: {code}")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""What an exercise is made of, and what grading produces, as plain data.
+
+An exercise is a list of graded parts; each part is a few batches of cases, one batch per world
+size, and each batch runs once on fresh ranks. Results are JSON-able so that a grading process
+can hand them to the nbgrader process (and to feedback) without pickles.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Cases that run together, in order, on ``world_size`` fresh ranks."""
+
+    world_size: int
+    cases: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One graded part: the notebook's grade cell ``test_<name>`` scores it."""
+
+    name: str
+    title: str
+    batches: tuple[Batch, ...]
+
+    @property
+    def grade_id(self) -> str:
+        return f"test_{self.name}"
+
+
+# rank side: rank_main(submission, cases) -> list of plain per-case records
+RankMain = Callable[[Any, tuple[Any, ...]], list[dict[str, Any]]]
+# trusted side: judge(part, batch, per_rank_records) -> None when correct, else the feedback text
+Judge = Callable[[Part, Batch, list[Any]], "str | None"]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    key: str                 # short name used in notebooks: "ex1"
+    assignment: str          # nbgrader assignment (and notebook) name
+    function: str            # the name the student defines
+    solution_ids: tuple[str, ...]  # grade_ids of the answer cells whose source is graded
+    setup_source: str        # the locked setup cell, executed (from here, never from the submission) first
+    parts: tuple[Part, ...]
+    rank_main: RankMain
+    judge: Judge
+
+    def part(self, name: str) -> Part:
+        for part in self.parts:
+            if part.name == name or part.grade_id == name:
+                return part
+        raise KeyError(f"{self.key} has no part {name!r}; parts: {', '.join(p.name for p in self.parts)}")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What runs on the ranks: source text (grader) or a function shipped by value (in-kernel check)."""
+
+    function: str
+    setup_source: str = ""
+    source: str | None = None
+    fn: Callable[..., Any] | None = None
+
+
+@dataclass
+class PartResult:
+    part: str
+    passed: bool
+    message: str = ""        # feedback for the student; empty when passed
+    seconds: float = 0.0
+    cases: int = 0
+
+
+@dataclass
+class SubmissionResult:
+    assignment: str
+    source_sha256: str
+    parts: list[PartResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def by_grade_id(self) -> dict[str, PartResult]:
+        return {f"test_{p.part}": p for p in self.parts}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> SubmissionResult:
+        data = json.loads(text)
+        parts = [PartResult(**p) for p in data.pop("parts")]
+        return cls(parts=parts, **data)
+
+
+def describe_parts(parts: Sequence[Part]) -> str:
+    return ", ".join(p.name for p in parts)

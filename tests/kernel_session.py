@@ -1,0 +1,91 @@
+"""A real Jupyter kernel for tests: execute code, collect what the notebook would show."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class Reply:
+    stdout: str = ""
+    stderr: str = ""
+    error: dict[str, Any] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def traceback(self) -> str:
+        return "\n".join(self.error["traceback"]) if self.error else ""
+
+
+class KernelSession:
+    """One ipykernel process started from this venv's python (as a notebook server would)."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        self.manager = KernelManager(kernel_cmd=None)
+        self.manager.kernel_spec.argv[0] = sys.executable  # type: ignore[union-attr]
+        self.manager.start_kernel(env=env)
+        self.client = self.manager.blocking_client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.pid  # type: ignore[union-attr]
+
+    def execute(self, code: str, timeout: float = 120.0, interrupt_after: float | None = None) -> Reply:
+        """Run ``code``; optionally press the stop button (SIGINT) after ``interrupt_after`` seconds."""
+        reply = Reply()
+        started = time.monotonic()
+        msg_id = self.client.execute(code)
+        interrupted = False
+        while True:
+            if interrupt_after is not None and not interrupted and time.monotonic() - started > interrupt_after:
+                self.manager.interrupt_kernel()
+                interrupted = True
+            remaining = timeout - (time.monotonic() - started)
+            if remaining <= 0:
+                raise TimeoutError(f"kernel did not finish within {timeout} s: {code[:80]!r}")
+            try:
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 0.2))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    reply.stdout += content["text"]
+                else:
+                    reply.stderr += content["text"]
+            elif kind == "error":
+                reply.error = content
+            elif kind in ("display_data", "execute_result"):
+                reply.outputs.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        reply.seconds = time.monotonic() - started
+        return reply
+
+    def value(self, expression: str) -> Any:
+        """The kernel's ``repr`` of an expression, evaluated back here (for plain data)."""
+        reply = self.execute(f"print(repr({expression}))")
+        assert reply.error is None, reply.traceback
+        return eval(reply.stdout)  # noqa: S307 - our own kernel's repr of plain data
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+    def kill(self) -> None:
+        self.client.stop_channels()
+        self.manager.kill_kernel()

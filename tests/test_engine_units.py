@@ -1,0 +1,138 @@
+"""Engine pieces that need no processes: messages, handshake, rank lists, backend choice, reports."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+
+import pytest
+
+from distlab import protocol
+from distlab.backends import resolve_backend, visible_gpu_count
+from distlab.errors import BackendUnavailable, RankError, RankTimeout
+from distlab.protocol import Done, Output, RankFailure, RunCell
+from distlab.report import format_failures, parse_ranks, rank_label, stack_frames
+
+
+def test_messages_round_trip() -> None:
+    failure = RankFailure(1, "ValueError", "boom", "Traceback...", "<dist cell 1>", 3, "raise ValueError")
+    for message in (RunCell(7, "print(1)", "<dist cell 1>", True), Output(2, "stdout", "hi\n"),
+                    Done(1, 7, failure, b"\x80", None, 0.5)):
+        assert protocol.decode(protocol.encode(message)) == message
+
+
+def test_decoder_refuses_anything_but_messages() -> None:
+    class Evil:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (os.system, ("echo pwned",))
+
+    with pytest.raises(pickle.UnpicklingError, match="refused"):
+        protocol.decode(pickle.dumps(Evil()))
+
+
+def _pair() -> tuple[protocol.Connection, protocol.Connection]:
+    a, b = socket.socketpair()
+    return protocol.Connection(a.detach()), protocol.Connection(b.detach())
+
+
+def test_handshake_accepts_the_right_key_and_rejects_a_wrong_one() -> None:
+    import threading
+
+    key = os.urandom(32)
+    for client_key, ok in ((key, True), (os.urandom(32), False)):
+        server, client = _pair()
+        outcome: list[BaseException | None] = []
+
+        def serve() -> None:
+            try:
+                protocol.server_handshake(server, key, timeout=5)
+                outcome.append(None)
+            except protocol.HandshakeFailed as exc:  # noqa: PERF203
+                outcome.append(exc)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        if ok:
+            protocol.client_handshake(client, client_key, timeout=5)
+        else:
+            with pytest.raises((protocol.HandshakeFailed, EOFError, OSError)):
+                protocol.client_handshake(client, client_key, timeout=2)
+        thread.join()
+        assert (outcome[0] is None) == ok
+        server.close()
+        client.close()
+
+
+def test_rank_lists() -> None:
+    assert parse_ranks("0,2", 4) == (0, 2)
+    assert parse_ranks("1-3", 4) == (1, 2, 3)
+    assert parse_ranks("3, 0-1", 4) == (0, 1, 3)
+    for bad in ("9", "a", "2-1", "0;1", "__import__('os')"):
+        with pytest.raises(ValueError):
+            parse_ranks(bad, 4)
+    assert rank_label([1, 2, 3]) == "ranks 1-3"
+    assert rank_label([0, 2, 3, 5]) == "ranks 0,2-3,5"
+    assert rank_label([4]) == "rank 4"
+
+
+def test_backend_selection() -> None:
+    assert resolve_backend("gloo", 4, gpus=8) == "gloo"
+    assert resolve_backend("auto", 4, gpus=0) == "gloo"
+    assert resolve_backend("auto", 4, gpus=2) == "gloo"
+    assert resolve_backend("auto", 4, gpus=4) == "nccl"
+    assert resolve_backend("nccl", 2, gpus=2) == "nccl"
+    with pytest.raises(BackendUnavailable, match="one GPU per rank.*--backend gloo"):
+        resolve_backend("nccl", 4, gpus=1)
+    with pytest.raises(ValueError, match="unknown backend"):
+        resolve_backend("mpi!", 2, gpus=0)
+
+
+def test_visible_gpus_respect_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("distlab.backends._physical_gpus", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert visible_gpu_count() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpu_count() == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,-1,2")
+    assert visible_gpu_count() == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpu_count() == 4
+
+
+def test_identical_failures_are_shown_once() -> None:
+    failures = [RankFailure(r, "ZeroDivisionError", "division by zero", "Traceback\nZeroDivisionError", "<c>", 1,
+                            "x = 1/0") for r in (1, 2, 3)]
+    failures.insert(0, RankFailure(0, "ValueError", "other", "Traceback\nValueError: other", "<c>", 2, "raise"))
+    text = format_failures(failures)
+    assert text.count("ZeroDivisionError") == 1
+    assert "--- ranks 1-3 ---" in text and "--- rank 0 ---" in text
+    assert "at cell line 1: x = 1/0" in text
+
+
+def test_errors_pickle_and_render() -> None:
+    failure = RankFailure(2, "KeyError", "'x'", "Traceback\nKeyError: 'x'", "<c>", 4, "d['x']")
+    error = RankError.from_failures([failure], 4)
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.failures == [failure] and str(copy) == str(error)
+    assert "1 of 4 ranks failed" in str(error)
+    assert any("cell line 4" in line for line in error._render_traceback_())
+    timeout = RankTimeout.hung("stuck", {0: "Stack (most recent call first):\n"}, [failure])
+    copy_t = pickle.loads(pickle.dumps(timeout))
+    assert isinstance(copy_t, TimeoutError) and copy_t.stacks == timeout.stacks
+
+
+def test_stack_frames_pick_the_main_thread_and_drop_distlab_frames() -> None:
+    dump = (
+        "Thread 0x00007f01 (most recent call first):\n"
+        '  File "/x/distlab/rank_io.py", line 40 in run\n'
+        '  File "/usr/lib/python3.11/threading.py", line 975 in run\n'
+        "\n"
+        "Current thread 0x00007f00 (most recent call first):\n"
+        '  File "/t/torch/distributed/distributed_c10d.py", line 2799 in recv\n'
+        '  File "<dist cell 3>", line 2 in <module>\n'
+        '  File "/x/distlab/worker.py", line 170 in _run_cell\n'
+        '  File "/x/distlab/launcher.py", line 90 in spawn\n'
+    )
+    frames = stack_frames(dump)
+    assert [f[0] for f in frames] == ["<dist cell 3>", "/t/torch/distributed/distributed_c10d.py"]
