@@ -58,6 +58,9 @@ class PNG:
     def _repr_png_(self) -> bytes:
         return self.data
 
+    def __repr__(self) -> str:
+        return f"<figure: {self.figure.axes[0].get_title() if self.figure.axes else 'empty'}>"
+
 
 def _display(*objs: Any) -> None:
     from IPython.display import display
@@ -221,6 +224,12 @@ class BufferGrid:
         self.rows = [_as_rows(b) if b is not None else [[]] for b in buffers]
         self.title, self.marks, self.vrange = title, marks or {}, vrange
         self.labels = list(labels) if labels else [f"rank {r}" for r in range(len(self.rows))]
+
+    def __repr__(self) -> str:
+        lines = [self.title] if self.title else []
+        for label, rows in zip(self.labels, self.rows):
+            lines += [f"{label}: {[_fmt(v) for v in row]}".replace("'", "") for row in rows]
+        return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         nums = [v for rows in self.rows for row in rows for v in row

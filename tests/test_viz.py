@@ -1,0 +1,152 @@
+"""The timeline, tables, buffer grids and ring stepper render, from real traced runs.
+
+The notebook in tests/fixtures_viz/ is executed headless through nbclient, as a learner's
+notebook would be; the replay logic is checked in-process on traces from real gloo ranks.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import nbclient
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+from matplotlib.figure import Figure
+
+import distlab
+from distlab import algorithms, trace, viz
+from distlab.replay import ring_frames
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks cannot import this file
+
+FIXTURE = Path(__file__).parent / "fixtures_viz" / "viz_demo.ipynb"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _ring(numel: int) -> list[float]:
+    t = torch.arange(numel, dtype=torch.float32) * (dist.get_rank() + 1)
+    algorithms.ring_all_reduce(t)
+    return t.tolist()
+
+
+@pytest.fixture(scope="module")
+def ring4() -> Any:
+    """Ring all_reduce of 10 elements on 4 ranks: uneven chunks of 3, 3, 2, 2."""
+    return distlab.run(_ring, world_size=4, trace=True, args=(10,))
+
+
+@pytest.mark.slow
+def test_fixture_notebook_renders_timeline_table_buffers_and_stepper() -> None:
+    nb = nbformat.read(FIXTURE, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # committed clean
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3").execute()
+    outputs = [[dict(o) for o in c.outputs] for c in nb.cells if c.cell_type == "code"]
+    flat = [o for cell in outputs for o in cell]
+    assert not [o for o in flat if o.get("name") == "stderr" or o["output_type"] == "error"]
+
+    def kinds(cell: list[dict[str, Any]]) -> list[str]:
+        return [k for o in cell for k in o.get("data", {})]
+
+    _imports, traced, buffers, stepper, _load, magic, _stop = outputs
+    assert "image/png" in kinds(traced) and "text/html" in kinds(traced)
+    table = next(o["data"]["text/html"] for o in traced if "text/html" in o.get("data", {}))
+    assert all(f"<caption>rank {r}</caption>" in table for r in range(3)) and "isend" in table
+    assert "before all_reduce" in buffers[0]["data"]["text/html"]
+    assert WIDGET in kinds(stepper)
+    # %%dist --trace: each rank's display() of a grid, then the timeline and table
+    htmls = [o["data"]["text/html"] for o in magic if "text/html" in o.get("data", {})]
+    assert any("seen on rank 0" in h for h in htmls) and any("seen on rank 1" in h for h in htmls)
+    assert "image/png" in kinds(magic) and any("all_reduce" in h for h in htmls)
+
+
+def test_ring_frames_replay_every_step_with_uneven_chunks(ring4: Any) -> None:
+    n, expected = 4, [float(i * 10) for i in range(10)]  # sum of i*(r+1) over r = 10 i
+    assert all(r == expected for r in ring4)
+    frames = ring_frames(ring4)
+    assert len(frames) == 2 * (n - 1) + 1
+    assert frames[0].label == "start" and not frames[0].messages
+    assert frames[0].buffers[2] == [float(i * 3) for i in range(10)]
+    assert all(b == expected for b in frames[-1].buffers)
+    bounds = [(0, 3), (3, 6), (6, 8), (8, 10)]  # torch.tensor_split(10 elements, 4)
+    for step, f in enumerate(frames[1:]):
+        assert sorted((m["src"], m["dst"]) for m in f.messages) == [(r, (r + 1) % n) for r in range(n)]
+        for m in f.messages:
+            assert f.sent[m["src"]] == f.received[m["dst"]]  # the chunk that left arrived
+            assert m["bytes"] == 4 * len(f.sent[m["src"]])
+        # step 1: rank r sends chunk r and accumulates chunk r-1
+        if step == 0:
+            assert [f.sent[r] for r in range(n)] == [set(range(*bounds[r])) for r in range(n)]
+
+
+def test_stepper_widget_steps_through_frames(ring4: Any) -> None:
+    box = viz.ring_stepper(ring4)
+    controls, view = box.children
+    play, back, slider, fwd = controls.children
+    assert slider.max == play.max == 6 and "step 0 of 6" in view.value
+    fwd.click()
+    assert slider.value == 1 and "step 1 of 6: reduce-scatter 1" in view.value
+    assert "rank 0 &rarr; rank 1: 12 B elements [0:3]" in view.value
+    slider.value = 6
+    assert "all-gather 3" in view.value and "<svg" in view.value
+    fwd.click()  # stays on the last step
+    back.click()
+    assert slider.value == 5
+
+
+def _own_ring_without_snapshots() -> None:
+    """A learner's ring with batch_isend_irecv and no snapshot calls."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    send, recv = torch.ones(2), torch.empty(2)
+    for _ in range(n - 1):
+        ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+
+def test_replay_from_trace_alone_shows_who_sent_to_whom() -> None:
+    res = distlab.run(_own_ring_without_snapshots, world_size=3, trace=True)
+    frames = ring_frames(res)
+    assert len(frames) == 3 and all(b is None for b in frames[1].buffers)
+    assert sorted((m["src"], m["dst"], m["bytes"]) for m in frames[2].messages) == [
+        (0, 1, 8), (1, 2, 8), (2, 0, 8)]
+    assert "no buffer snapshots traced" in viz.ring_stepper(res).children[1].value
+
+
+def test_timeline_pairs_every_send_with_its_receive(ring4: Any) -> None:
+    messages = viz.p2p_messages(ring4.trace)
+    assert len(messages) == 4 * 2 * 3  # n ranks x 2(n-1) steps
+    assert all(m["recv"] is not None and m["recv"]["rank"] == m["dst"] for m in messages)
+    fig = viz.timeline_figure(ring4.trace)
+    assert isinstance(fig, Figure)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == [f"rank {r}" for r in range(4)]
+    assert viz.PNG(fig)._repr_png_().startswith(b"\x89PNG")
+
+
+def test_table_shows_measured_and_theoretical_bytes(ring4: Any) -> None:
+    html = viz.trace_table_html(ring4.trace)
+    assert html.count("<caption>rank") == 4 and "theoretical bus bytes" in html
+    # rank 0 sends chunks 0, 3, 2 then 1, 0, 3: 3+2+2+3+3+2 floats = 60 B
+    rank0 = html.split("<caption>rank 1</caption>")[0]
+    assert "<td>isend</td><td>6</td><td>60 B</td><td>60 B</td><td>0 B</td>" in rank0
+
+
+def test_show_buffers_outside_a_kernel_returns_a_grid() -> None:
+    grid = viz.show_buffers([torch.tensor([1.0, 2.0]), [[3, 4], [5, 6]]], title="two ranks")
+    assert isinstance(grid, viz.BufferGrid)
+    html = grid._repr_html_()
+    assert "two ranks" in html and html.count("<tr>") == 3 and ">6</td>" in html
+    assert repr(grid).splitlines() == ["two ranks", "rank 0: [1, 2]", "rank 1: [3, 4]",
+                                       "rank 1: [5, 6]"]
+
+
+def test_snapshot_is_a_no_op_when_not_recording() -> None:
+    trace.snapshot(torch.ones(3))
+    with trace.recording() as calls:
+        pass
+    assert calls == []
