@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ class Reply:
     stdout: str = ""
     stderr: str = ""
     error: dict[str, Any] | None = None
+    status: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -31,9 +34,10 @@ class KernelSession:
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        self.manager = KernelManager(kernel_cmd=None)
+        self.manager = KernelManager()
         self.manager.kernel_spec.argv[0] = sys.executable  # type: ignore[union-attr]
-        self.manager.start_kernel(env=env)
+        # the kernel's own log (not cell output) goes nowhere: tests keep stderr clean
+        self.manager.start_kernel(env=env, stderr=subprocess.DEVNULL)
         self.client = self.manager.blocking_client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
@@ -73,12 +77,19 @@ class KernelSession:
                 reply.outputs.append(content)
             elif kind == "status" and content["execution_state"] == "idle":
                 break
+        while True:  # the execute_reply says "error" even when IPython only printed a UsageError
+            msg = self.client.get_shell_msg(timeout=max(1.0, timeout - (time.monotonic() - started)))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                reply.status = msg["content"]["status"]
+                if reply.status == "error" and reply.error is None:
+                    reply.error = {k: msg["content"].get(k) for k in ("ename", "evalue", "traceback")}
+                break
         reply.seconds = time.monotonic() - started
         return reply
 
     def value(self, expression: str) -> Any:
         """The kernel's ``repr`` of an expression, evaluated back here (for plain data)."""
-        reply = self.execute(f"print(repr({expression}))")
+        reply = self.execute(f"_value = {expression}\nprint(repr(_value))")
         assert reply.error is None, reply.traceback
         return eval(reply.stdout)  # noqa: S307 - our own kernel's repr of plain data
 
@@ -87,5 +98,7 @@ class KernelSession:
         self.manager.shutdown_kernel(now=False)
 
     def kill(self) -> None:
+        """SIGKILL the kernel process alone, as a crash or the OOM killer would."""
+        os.kill(self.pid, signal.SIGKILL)
         self.client.stop_channels()
-        self.manager.kill_kernel()
+        self.manager.cleanup_resources()

@@ -29,7 +29,7 @@ def wait_gone(pids: Iterable[int], within: float = 5.0) -> list[int]:
 
 def parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[2])
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
 def cmdline(pid: int) -> list[str]:

@@ -1,0 +1,125 @@
+"""Faults in a real kernel: hangs, interrupts, crashes, a killed kernel. Each leaves no rank behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kernel_session import KernelSession
+from procs import wait_gone
+
+PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
+LAUNCHER = "__import__('distlab.hub').hub.Hub.get().launcher.pid"
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[KernelSession]:
+    session = KernelSession()
+    session.execute("%load_ext distlab")
+    yield session
+    session.shutdown()
+
+
+def _ready_pids(kernel: KernelSession, ranks: int) -> list[int]:
+    reply = kernel.execute(f"%%dist -n {ranks}\npass")
+    assert reply.error is None, reply.traceback
+    return kernel.value(PIDS)
+
+
+def _next_cell_works(kernel: KernelSession, ranks: int) -> None:
+    reply = kernel.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(int(t.item()))")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {ranks}" for r in range(ranks)]
+
+
+HANGS = {
+    "both ranks receive first": (
+        2, "t = torch.zeros(1)\ndist.recv(t, src=1 - rank)\n", "--timeout 3",
+        ["the cell ran past its 3 s deadline", "--- ranks 0-1 ---", "waiting at cell line 2: dist.recv(t, src=1 - rank)"]),
+    "broadcast against all_reduce": (
+        4, "t = torch.zeros(1)\nif rank == 0:\n    dist.broadcast(t, src=0)\nelse:\n    dist.all_reduce(t)\n",
+        "--timeout 3",
+        ["--- rank 0 ---", "waiting at cell line 3: dist.broadcast(t, src=0)",
+         "--- ranks 1-3 ---", "waiting at cell line 5: dist.all_reduce(t)"]),
+    "one rank raises before all_reduce": (
+        4, "t = torch.ones(1)\nif rank == 2:\n    raise RuntimeError('rank 2 gives up')\ndist.all_reduce(t)\n",
+        "--timeout 120",
+        ["rank 2 failed and ranks 0-1,3 hung", "RuntimeError: rank 2 gives up",
+         "--- ranks 0-1,3 ---", "waiting at cell line 4: dist.all_reduce(t)"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HANGS))
+def test_a_hang_shows_every_ranks_stack_restarts_and_the_next_cell_works(kernel: KernelSession, case: str) -> None:
+    ranks, body, option, expected = HANGS[case]
+    old = _ready_pids(kernel, ranks)
+    reply = kernel.execute(f"%%dist -n {ranks} {option}\n{body}")
+    assert reply.error is not None and reply.error["ename"] == "RankTimeout"
+    for text in expected:
+        assert text in reply.traceback, text
+    assert "Rank state was lost" in reply.traceback
+    # the failure ended the cell, not the 120 s deadline: the report came right after the grace period
+    assert reply.seconds < 30
+    assert wait_gone(old) == []
+    _next_cell_works(kernel, ranks)
+
+
+def test_interrupt_stops_ranks_that_listen(kernel: KernelSession) -> None:
+    old = _ready_pids(kernel, 2)
+    kernel.execute("%%dist\nkept = 'yes'")
+    reply = kernel.execute("%%dist\nimport time\ntime.sleep(60)", interrupt_after=1.0)
+    assert reply.error is not None and reply.error["ename"] == "CellInterrupted"
+    assert "every rank stopped" in reply.traceback and "KeyboardInterrupt" in reply.traceback
+    assert kernel.value(PIDS) == old  # they stopped by themselves: the pool and its variables survive
+    assert kernel.value("%dist_pull kept") == ["yes", "yes"]
+
+
+def test_interrupt_kills_ranks_stuck_in_a_collective(kernel: KernelSession) -> None:
+    old = _ready_pids(kernel, 2)
+    reply = kernel.execute("%%dist --timeout 300\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)",
+                           interrupt_after=1.0)
+    assert reply.error is not None and reply.error["ename"] == "CellInterrupted"
+    assert "did not stop" in reply.traceback and "waiting at cell line 2" in reply.traceback
+    assert reply.seconds < 30
+    assert wait_gone(old) == []
+    _next_cell_works(kernel, 2)
+
+
+CRASHES = {
+    "os._exit(3)": ("import os\nos._exit(3)", "exited with code 3"),
+    "SIGKILL": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    "segfault": ("import ctypes\nctypes.string_at(0)", "killed by SIGSEGV"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRASHES))
+def test_a_crash_is_reported_with_its_exit_code_or_signal(kernel: KernelSession, case: str) -> None:
+    body, expected = CRASHES[case]
+    old = _ready_pids(kernel, 2)
+    reply = kernel.execute(f"%%dist --ranks 1\n{body}")
+    assert reply.error is not None and reply.error["ename"] == "RankError"
+    assert "--- rank 1 ---" in reply.traceback and expected in reply.traceback
+    assert wait_gone(old) == []
+    _next_cell_works(kernel, 2)
+
+
+def test_a_crash_during_a_collective_fails_the_cell(kernel: KernelSession) -> None:
+    old = _ready_pids(kernel, 4)
+    reply = kernel.execute("%%dist\nimport os\nif rank == 1:\n    os._exit(5)\nt = torch.ones(1)\ndist.all_reduce(t)")
+    assert reply.error is not None and reply.error["ename"] in ("RankError", "RankTimeout")
+    assert "exited with code 5" in reply.traceback
+    assert wait_gone(old) == []
+    _next_cell_works(kernel, 4)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "shutdown"])
+def test_no_rank_outlives_its_kernel(how: str) -> None:
+    session = KernelSession()
+    session.execute("%load_ext distlab")
+    pids = _ready_pids(session, 4) + [session.value(LAUNCHER)]
+    if how == "SIGKILL":
+        session.kill()
+    else:
+        session.shutdown()
+    assert wait_gone(pids, within=5.0) == []

@@ -1,0 +1,178 @@
+"""The %%dist magic in a real Jupyter kernel: what a learner sees when things go right."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kernel_session import KernelSession
+from procs import cmdline, listening_addresses, parent, wait_gone
+
+PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[KernelSession]:
+    session = KernelSession()
+    reply = session.execute("%load_ext distlab")
+    assert reply.error is None and reply.stderr == ""
+    yield session
+    session.shutdown()
+
+
+def test_first_cell_runs_on_four_labelled_ranks(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 4\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nprint(t.item())")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] 10.0" for r in range(4)]
+    assert reply.stderr == ""
+
+
+def test_rank_names_exist_and_variables_persist(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nmine = (rank, world_size, local_rank, str(device), dist.is_initialized())")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist\nprint(mine)")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] ({r}, 4, {r}, 'cpu', True)" for r in range(4)]
+
+
+def test_last_expression_is_shown_per_rank(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nrank * 100")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {r * 100}" for r in range(4)]
+
+
+def test_pull_and_push(kernel: KernelSession) -> None:
+    kernel.execute("%%dist\nsquare = rank ** 2")
+    assert kernel.value("%dist_pull square") == [0, 1, 4, 9]
+    assert kernel.value("%dist_pull square --ranks 1,3") == [1, 9]
+    kernel.execute("offset = 7")
+    reply = kernel.execute("%dist_push offset")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist\nprint(offset + rank)")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {7 + r}" for r in range(4)]
+
+
+def test_ranks_option_runs_only_the_listed_ranks(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist --ranks 0,2\nprint('here')")
+    assert sorted(reply.stdout.splitlines()) == ["[rank 0] here", "[rank 2] here"]
+
+
+@pytest.mark.parametrize("line", ["-n 0", "-n abc", "--backend foo", "--ranks 9", "--ranks x", "--timeout -1",
+                                  "--bogus"])
+def test_bad_options_give_one_usage_line_and_leave_the_pool_alone(kernel: KernelSession, line: str) -> None:
+    kernel.execute("%%dist\nkeep = 'still here'")
+    before = kernel.value(PIDS)
+    reply = kernel.execute(f"%%dist {line}\nprint('must not run')")
+    assert reply.error is not None and reply.error["ename"] == "UsageError"
+    assert "must not run" not in reply.stdout
+    assert len(reply.error["evalue"].strip().splitlines()) == 1
+    assert len(reply.stderr.strip().splitlines()) == 1  # IPython prints a UsageError as one line
+    assert kernel.value(PIDS) == before
+    assert kernel.value("%dist_pull keep") == ["still here"] * 4
+
+
+def test_a_new_world_size_restarts_the_pool_and_says_so(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 2\nprint(world_size)")
+    assert "restarting the pool with 2 ranks" in reply.stdout
+    assert sorted(line for line in reply.stdout.splitlines() if line.startswith("[rank")) == [
+        "[rank 0] 2", "[rank 1] 2"]
+    reply = kernel.execute("%%dist -n 4\nprint(world_size)")
+    assert "restarting the pool with 4 ranks" in reply.stdout
+
+
+def test_status_lists_every_rank(kernel: KernelSession) -> None:
+    kernel.execute("%%dist -n 4\npass")
+    reply = kernel.execute("%dist_status")
+    assert "4 ranks, backend gloo" in reply.stdout
+    for pid in kernel.value(PIDS):
+        assert f"pid {pid}, idle" in reply.stdout
+
+
+def test_an_exception_fails_the_cell_with_rank_and_line(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 4\nx = 1\nif rank > 0:\n    y = x / 0\n")
+    assert reply.error is not None and reply.error["ename"] == "RankError"
+    text = reply.traceback
+    assert "3 of 4 ranks failed" in text
+    assert "--- ranks 1-3 ---" in text and text.count("ZeroDivisionError: division by zero") == 2  # title + once
+    assert "at cell line 3: y = x / 0" in text
+    assert "distlab/worker.py" not in text and "distlab/pool.py" not in text
+    reply = kernel.execute("%%dist\nprint('next')")
+    assert reply.error is None and reply.stdout.count("next") == 4
+
+
+def test_display_of_a_figure_shows_an_image(kernel: KernelSession) -> None:
+    reply = kernel.execute(
+        "%%dist --ranks 0\nimport matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\n"
+        "display(fig)\nplt.close(fig)")
+    assert reply.error is None, reply.traceback
+    assert any("image/png" in out["data"] for out in reply.outputs)
+    assert reply.stderr == ""
+
+
+def test_stderr_and_warnings_from_ranks_are_labelled_on_stdout(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nimport sys, warnings\nprint('to stderr', file=sys.stderr)\n"
+                           "warnings.warn('careful')")
+    assert reply.error is None and reply.stderr == ""
+    for r in range(4):
+        assert f"[rank {r}] to stderr" in reply.stdout
+        assert "careful" in reply.stdout
+
+
+def test_ten_megabytes_of_output_do_not_block(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nfor i in range(100_000):\n    print('x' * 99)\nprint('done', rank)")
+    assert reply.error is None, reply.traceback
+    assert "more characters of output were not shown" in reply.stdout
+    kernel.execute("%%dist\nprint('after')")
+
+
+def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) -> None:
+    assert kernel.value("'torch' in __import__('sys').modules") is False
+    launcher = kernel.value("__import__('distlab.hub').hub.Hub.get().launcher.pid")
+    assert parent(launcher) == kernel.pid
+    assert cmdline(launcher)[0] == kernel.value("__import__('sys').executable")
+    assert cmdline(launcher)[1:] == ["-m", "distlab.launcher"]
+    for pid in kernel.value(PIDS):
+        assert parent(pid) == launcher
+
+
+def test_every_listening_port_is_loopback(kernel: KernelSession) -> None:
+    kernel.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)")
+    pids = kernel.value(PIDS)
+    addresses = [a for pid in pids for a in listening_addresses(pid)]
+    assert addresses, "rank 0 hosts the TCPStore"
+    assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
+
+
+def test_the_control_channel_drops_a_client_without_the_key(kernel: KernelSession) -> None:
+    path = kernel.value("__import__('distlab.hub').hub.Hub.get().path")
+    import os
+    import stat
+
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    from distlab import protocol
+
+    with pytest.raises((protocol.HandshakeFailed, EOFError, OSError)):
+        protocol.connect(path, b"not the key" * 3)
+    reply = kernel.execute("%%dist\nprint('still fine')")
+    assert reply.stdout.count("still fine") == 4
+
+
+def test_two_kernels_run_pools_at_the_same_time(kernel: KernelSession) -> None:
+    other = KernelSession()
+    try:
+        other.execute("%load_ext distlab")
+        first = other.execute("%%dist -n 2\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+        second = kernel.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+        assert first.error is None and second.error is None
+        assert first.stdout.count("2.0") == 2 and second.stdout.count("4.0") == 4
+    finally:
+        other.shutdown()
+
+
+def test_a_function_defined_in_the_notebook_runs_with_distlab_run(kernel: KernelSession) -> None:
+    kernel.execute("import distlab\ndef where():\n    import torch.distributed as dist\n    return dist.get_rank()")
+    assert kernel.value("distlab.run(where, world_size=3)") == [0, 1, 2]
+    reply = kernel.execute("def broken():\n    return 1 / 0\ndistlab.run(broken, world_size=2)")
+    assert reply.error["ename"] == "RankError"
+    assert "return 1 / 0" in reply.traceback  # the notebook's own source line, shipped with the function
+
+
