@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from kernel_session import KernelSession
 from procs import wait_gone
 

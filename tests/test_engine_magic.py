@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from kernel_session import KernelSession
-from procs import cmdline, listening_addresses, parent, wait_gone
+from procs import cmdline, listening_addresses, parent
 
 PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from procs import wait_gone
 
 import distlab
 from distlab.hub import Hub
-from procs import wait_gone
 
 
 def _all_reduce_rank_plus_one() -> list[float]:

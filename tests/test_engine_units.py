@@ -44,14 +44,14 @@ def test_handshake_accepts_the_right_key_and_rejects_a_wrong_one() -> None:
         server, client = _pair()
         outcome: list[BaseException | None] = []
 
-        def serve() -> None:
+        def serve(server: protocol.Connection, outcome: list[BaseException | None]) -> None:
             try:
                 protocol.server_handshake(server, key, timeout=5)
                 outcome.append(None)
-            except protocol.HandshakeFailed as exc:  # noqa: PERF203
+            except protocol.HandshakeFailed as exc:
                 outcome.append(exc)
 
-        thread = threading.Thread(target=serve)
+        thread = threading.Thread(target=serve, args=(server, outcome))
         thread.start()
         if ok:
             protocol.client_handshake(client, client_key, timeout=5)

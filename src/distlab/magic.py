@@ -204,11 +204,12 @@ class DistMagics(Magics):
         args = parse_argstring(self.dist_push, line)
         pool = self._running()
         ranks = self._ranks(args.ranks, pool.world_size)
+        user_ns = self.shell.user_ns if self.shell is not None else {}
         for name in args.names:
-            if name not in self.shell.user_ns:
+            if name not in user_ns:
                 raise UsageError(f"{name!r} is not defined in the kernel")
         for name in args.names:
-            pool.push(name, self.shell.user_ns[name], ranks)
+            pool.push(name, user_ns[name], ranks)
 
     def _running(self) -> Pool:
         pool = session().pool

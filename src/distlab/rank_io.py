@@ -88,7 +88,7 @@ class CapturedOutput:
                 pass
         self._count += 1
         token = f"\x00distlab-sync-{os.getpid()}-{self._count}\x00".encode()
-        for forwarder, fd in zip(self.forwarders, (1, 2)):
+        for forwarder, fd in zip(self.forwarders, (1, 2), strict=True):
             forwarder.seen.clear()
             forwarder.marker = token
             os.write(fd, token)

@@ -27,9 +27,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import codeship, protocol
+from distlab import codeship, protocol, rank_io
 from distlab.protocol import Done, Pull, Push, RankFailure, RankHello, RankReady, RunCell, RunFunction, Stop
-from distlab import rank_io
 from distlab.rank_io import CapturedOutput, make_display
 
 STORE_TIMEOUT = datetime.timedelta(seconds=120)
@@ -111,7 +110,7 @@ class Rank:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        extra = {"master_listen_fd": store_socket.fileno()} if store_socket is not None else {}
+        extra: dict[str, Any] = {"master_listen_fd": store_socket.fileno()} if store_socket is not None else {}
         store = dist.TCPStore(
             "127.0.0.1", spec.store_port, spec.world_size, spec.rank == 0,
             STORE_TIMEOUT, wait_for_workers=False, **extra,
@@ -197,7 +196,7 @@ class Rank:
         tree = ast.parse(source, filename)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
         body = compile(tree, filename, "exec")
         self.in_user_code = True
         exec(body, self.namespace)
