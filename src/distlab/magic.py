@@ -27,7 +27,13 @@ DEFAULT_TIMEOUT = 60.0
 
 
 class NotebookSink(PrintSink):
-    """Like PrintSink, but rich objects from ``display()`` on a rank are shown as rich output."""
+    """Like PrintSink, but rich objects from ``display()`` on a rank are shown as rich output.
+
+    No flush per line: ipykernel sends stdout every 0.2 s and at the end of the cell, and a flush
+    from here would wait for its IO thread each time.
+    """
+
+    flush_each = False
 
     def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
         sys.stdout.write(f"[rank {rank}] display:\n")

@@ -45,6 +45,8 @@ class Sink(Protocol):
 class PrintSink:
     """Writes every rank line to stdout as '[rank N] line' (stderr lines too: see the README)."""
 
+    flush_each = True  # a terminal or pipe shows lines as they come
+
     def __init__(self) -> None:
         self.shown: dict[int, int] = {}
         self.cut: dict[int, int] = {}
@@ -63,7 +65,8 @@ class PrintSink:
         prefix = f"[rank {rank}] "
         lines = text.splitlines()
         sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
-        sys.stdout.flush()
+        if self.flush_each:
+            sys.stdout.flush()
 
     def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
         sys.stdout.write(f"[rank {rank}] {data.get('text/plain', '')}\n")
@@ -71,7 +74,8 @@ class PrintSink:
     def end(self) -> None:
         for rank, count in sorted(self.cut.items()):
             sys.stdout.write(f"[rank {rank}] ... {count} more characters of output were not shown\n")
-        sys.stdout.flush()
+        if self.flush_each:
+            sys.stdout.flush()
 
 
 @dataclass
