@@ -46,6 +46,12 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.sink = sink
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch would wrap __torch_dispatch__ in dynamo.disable, importing torch._dynamo
+        # (~800 modules, seconds of CPU per rank) on the first operator; nothing here compiles
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         namespace = getattr(func, "namespace", "")
         if namespace in _COLLECTIVE_NAMESPACES:

@@ -21,7 +21,7 @@ from distlab.grading.guard import CommGuard
 from distlab.grading.spec import Submission
 
 SUBMISSION_FILE = "<solution cell>"
-CASE_MARK = "\x1edistlab-grading-case "  # printed before each case so a hang can be placed
+CASE_MARK = "@distlab-grading-case@ "  # printed before each case so a hang can be placed
 
 
 class SubmissionFailed(Exception):

@@ -46,7 +46,7 @@ class _CaseSink:
         self.case: dict[int, str] = {}
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        for line in text.splitlines():
+        for line in text.split("\n"):
             if line.startswith(CASE_MARK):
                 self.case[rank] = line[len(CASE_MARK):]
 
@@ -94,9 +94,23 @@ def grade_part(exercise: Exercise, submission: Submission, part: Part,
                       sum(len(b.cases) for b in part.batches))
 
 
+def warm_up() -> None:
+    """Start distlab's launcher (one torch import) before any part's clock starts ticking."""
+    pool = Pool(1, "gloo", sink=_CaseSink())
+    try:
+        pool.call(_nothing, timeout=60.0)
+    finally:
+        pool.stop()
+
+
+def _nothing() -> None:
+    return None
+
+
 def grade_submission(exercise: Exercise, source: str, part_timeout: float = DEFAULT_PART_TIMEOUT,
                      parts: Iterable[str] | None = None) -> SubmissionResult:
     """Grade the source of the student's answer cells, part by part, each on fresh ranks."""
+    warm_up()
     started = time.monotonic()
     submission = Submission(exercise.function, exercise.setup_source, source)
     chosen = [exercise.part(p) for p in parts] if parts is not None else list(exercise.parts)
@@ -112,19 +126,19 @@ def source_digest(source: str) -> str:
 
 
 # --- feedback text ------------------------------------------------------------------------------
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+def _cut(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _failures_text(failures: list[RankFailure], sink: _CaseSink, submission: Submission) -> str:
     lines = []
     for failure in failures[:3]:
         if failure.exc_type == "SubmissionFailed":
-            lines.append(f"rank {failure.rank}: {failure.message}")
+            lines.append(f"rank {failure.rank}: {_cut(failure.message, 400)}")
             continue
         where = sink.case.get(failure.rank)
         text = f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type
-        lines.append(f"{where + ': ' if where else ''}rank {failure.rank}: {text}")
+        lines.append(f"{where + ': ' if where else ''}rank {failure.rank}: {_cut(text, 400)}")
     if len(failures) > 3:
         lines.append(f"(and {len(failures) - 3} more ranks)")
     return "\n".join(lines)
