@@ -56,9 +56,10 @@ class Session:
         pool = self.pool
         if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend):
             return pool
-        if pool is not None:
+        if pool is not None and pool.used:  # a warm pool that ran nothing needs no announcement
             print(f"distlab: restarting the pool with {world_size} ranks ({backend}); it had "
                   f"{pool.world_size} ({pool.requested_backend}). Variables on the old ranks are gone.")
+        if pool is not None:
             pool.stop()
         self.pool = Pool(world_size, backend, sink=NotebookSink())
         return self.pool

@@ -106,6 +106,7 @@ class Pool:
         self._tasks = itertools.count(1)
         self.restarts = 0
         self.eager_restart = eager_restart  # start the next generation right after a failure
+        self.used = False  # has any task run on this pool (so its ranks may hold state)?
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -223,6 +224,7 @@ class Pool:
                 timeout: float, cell_lines: dict[str, list[str]] | None = None) -> dict[int, Done]:
         """Send one task to ``ranks`` (all by default) and wait for every one of them, with a deadline."""
         self.ensure_ready()
+        self.used = True
         targets = sorted(set(ranks)) if ranks is not None else list(range(self.world_size))
         task_id = next(self._tasks)
         message = protocol.encode(make_task(task_id))

@@ -159,6 +159,9 @@ class Rank:
                     value = self._run(task)
             else:
                 value = self._run(task)
+        except SystemExit as exc:  # scripts end with sys.exit(0): that is success, anything else is not
+            if exc.code not in (0, None):
+                failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back as a value
             failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
         finally:
