@@ -48,7 +48,7 @@ def bench_distlab(reps: int) -> dict[str, float]:
         _ok(kernel.execute("import statistics\n_in = %dist_pull _inside"))
         inside = kernel.value("statistics.median(max(v) for v in zip(*_in))")
         started = time.perf_counter()
-        kernel.execute(f"%%dist --timeout 120\nt = torch.ones(1)\nif rank == 1:\n    raise ValueError('x')\ndist.all_reduce(t)")
+        kernel.execute("%%dist --timeout 120\nt = torch.ones(1)\nif rank == 1:\n    raise ValueError('x')\ndist.all_reduce(t)")
         hang = time.perf_counter() - started
         return {"cold": cold, "empty": empty, "per_cell": per_cell,
                 "collective": collective_rtt - empty - inside, "inside": inside, "hang_report": hang}
