@@ -74,7 +74,8 @@ class NotebookPage:
     def find_cell(self, needle: str) -> int:
         """Index of the first cell whose source contains `needle`."""
         sources = self.cells.evaluate_all(
-            "cs => cs.map(c => (c.querySelector('.jp-InputArea-editor') || {}).innerText || '')"
+            """cs => cs.map(c => [...c.querySelectorAll('.jp-InputArea-editor .cm-line')]
+                .map(l => l.textContent).join('\\n'))"""
         )
         for i, src in enumerate(sources):
             if needle in src:
@@ -82,12 +83,16 @@ class NotebookPage:
         raise AssertionError(f"{self.path}: no cell contains {needle!r}")
 
     def prompt(self, index: int) -> str:
-        return self.cells.nth(index).locator(".jp-InputPrompt").inner_text().strip()
+        return str(self.cells.nth(index).locator(".jp-InputPrompt").text_content()).strip()
 
     def output_text(self, index: int) -> str:
-        """All text the cell's output area shows (stdout, stderr, errors, rich text)."""
+        """All text the cell's output area holds (stdout, stderr, errors, rich text).
+
+        textContent, not innerText: JupyterLab skips rendering cells scrolled out of view
+        (content-visibility), and innerText of an unrendered cell is empty.
+        """
         area = self.cells.nth(index).locator(".jp-OutputArea")
-        return area.inner_text() if area.count() else ""
+        return str(area.text_content()) if area.count() else ""
 
     def error_outputs(self) -> list[tuple[int, str]]:
         """(cell index, text) of every stderr stream or error traceback the notebook shows.
@@ -98,7 +103,7 @@ class NotebookPage:
         found = self.cells.evaluate_all(
             """cs => cs.flatMap((c, i) => [...c.querySelectorAll(
                     '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
-                .map(o => [i, o.innerText]))"""
+                .map(o => [i, o.textContent]))"""
         )
         return [(int(i), str(text)) for i, text in found]
 
@@ -124,7 +129,7 @@ class NotebookPage:
         self.page.wait_for_function(
             """([sel, i]) => {
                 const c = document.querySelectorAll(sel)[i];
-                return c && c.querySelector('.jp-InputPrompt').innerText.includes('*');
+                return c && c.querySelector('.jp-InputPrompt').textContent.includes('*');
             }""",
             arg=[f"{PANEL} .jp-Notebook .jp-Cell", index],
             timeout=timeout_ms,
@@ -135,7 +140,7 @@ class NotebookPage:
         self.page.wait_for_function(
             """([sel, i]) => {
                 const c = document.querySelectorAll(sel)[i];
-                return c && /^\\[\\d+\\]:$/.test(c.querySelector('.jp-InputPrompt').innerText.trim());
+                return c && /^\\[\\d+\\]:$/.test(c.querySelector('.jp-InputPrompt').textContent.trim());
             }""",
             arg=[f"{PANEL} .jp-Notebook .jp-Cell", index],
             timeout=timeout_ms,
@@ -147,7 +152,7 @@ class NotebookPage:
             """([sel, i, needle]) => {
                 const c = document.querySelectorAll(sel)[i];
                 const o = c && c.querySelector('.jp-OutputArea');
-                return !!o && o.innerText.includes(needle);
+                return !!o && o.textContent.includes(needle);
             }""",
             arg=[f"{PANEL} .jp-Notebook .jp-Cell", index, needle],
             timeout=timeout_ms,
@@ -164,7 +169,7 @@ class NotebookPage:
         first = self.code_cell_indices()[0]
         self.page.wait_for_function(
             """([sel, first]) => {
-                const ps = [...document.querySelectorAll(sel)].map(c => c.innerText.trim());
+                const ps = [...document.querySelectorAll(sel)].map(c => c.textContent.trim());
                 return ps.length > 0 && !ps.some(p => p.includes('*'))
                     && /^\\[\\d+\\]:$/.test(ps[first]);
             }""",
