@@ -1,0 +1,1 @@
+"""The instructor's side of the distlab course: release, autograde, feedback, export (see README.md)."""

@@ -1,0 +1,204 @@
+"""``python -m grader {release,autograde,feedback,export}``: the instructor's commands.
+
+autograde grades in two passes: the trusted checks run in parallel worker processes (each
+writes one JSON result per submission), then nbgrader autogrades every submission serially in
+this process, taking the grade cells' outputs from those results, so the gradebook has a single
+writer. A result that is missing (a worker died) is recomputed during the serial pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import nbformat
+
+from grader.course import DEFAULT_ROOT, EXERCISES, Course, Job, assignments, student_id
+from grader.release import normalise
+
+
+def _assignment_of(path: Path, wanted: str | None) -> str | None:
+    """The assignment a submitted notebook belongs to: by its answer cells' ids, whatever its name."""
+    from distlab.grading import exercise, exercises
+
+    if wanted:
+        return exercise(wanted).assignment
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (OSError, ValueError):
+        return None
+    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    for ex in exercises():
+        if ids & set(ex.solution_ids):
+            return ex.assignment
+    return None
+
+
+# --- release --------------------------------------------------------------------------------------
+def cmd_release(args: argparse.Namespace) -> int:
+    """Regenerate exercises/<a>/<a>.ipynb from solutions/ with nbgrader (or --check they are current)."""
+    names = args.assignments or assignments()
+    stale = []
+    with tempfile.TemporaryDirectory(prefix="distlab-release-") as tmp:
+        course = Course(Path(tmp))
+        for name in names:
+            fresh = normalise(nbformat.read(course.prepare(name), as_version=4))
+            target = EXERCISES / name / f"{name}.ipynb"
+            text = nbformat.writes(fresh) + "\n"
+            if target.exists() and target.read_text() == text:
+                print(f"{name}: up to date")
+                continue
+            if args.check:
+                stale.append(name)
+                print(f"{name}: exercises/ differs from a fresh release")
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            print(f"{name}: wrote {target.relative_to(EXERCISES.parent)}")
+    return 1 if stale else 0
+
+
+# --- autograde ------------------------------------------------------------------------------------
+def cmd_autograde(args: argparse.Namespace) -> int:
+    folder = Path(args.submissions)
+    files = sorted(folder.rglob("*.ipynb")) if folder.is_dir() else [folder]
+    files = [f for f in files if ".ipynb_checkpoints" not in f.parts]
+    if not files:
+        print(f"no notebooks in {folder}", file=sys.stderr)
+        return 2
+    course = Course(Path(args.course), args.part_timeout, Path(args.course) / "trusted")
+    taken: set[str] = set()
+    jobs: list[Job] = []
+    for path in files:
+        name = _assignment_of(path, args.assignment)
+        if name is None:
+            print(f"skipped {path}: not a submission of any known assignment (use -a)", file=sys.stderr)
+            continue
+        course.prepare(name)
+        jobs.append(course.submit(student_id(path, taken), name, path))
+    started = time.monotonic()
+    if args.jobs > 1:
+        precompute(course, jobs, args.jobs, args.part_timeout)
+    for job in jobs:
+        course.autograde(job)
+    print(f"graded {len(jobs)} submissions in {time.monotonic() - started:.1f} s")
+    _print_scores(course, {(j.student, j.assignment) for j in jobs})
+    return 0
+
+
+def precompute(course: Course, jobs: Sequence[Job], workers: int, part_timeout: float) -> None:
+    """Run the trusted checks for ``jobs`` in ``workers`` parallel processes (results as JSON)."""
+    from distlab.grading import exercise
+    from distlab.grading.nbgrader_hooks import results_path
+
+    results = course.root / "trusted"
+    results.mkdir(parents=True, exist_ok=True)
+    chunks = [list(jobs[i::workers]) for i in range(workers) if jobs[i::workers]]
+    running = []
+    for index, chunk in enumerate(chunks):
+        spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
+                 "out": results_path(str(results), j.student, j.assignment)} for j in chunk]
+        for entry in spec:  # a stale result must never be taken for a fresh one
+            Path(entry["out"]).unlink(missing_ok=True)
+        job_file = results / f"worker-{index}.json"
+        job_file.write_text(json.dumps(spec))
+        log = open(results / f"worker-{index}.log", "w")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        parts = max(len(exercise(j.assignment).parts) for j in chunk)
+        budget = len(chunk) * (parts * part_timeout + 30) + 60
+        running.append((proc, log, time.monotonic() + budget))
+    for proc, log, deadline in running:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # our own worker's session, nothing else
+            proc.wait()
+        finally:
+            log.close()
+
+
+def _print_scores(course: Course, only: set[tuple[str, str]]) -> None:
+    for row in course.scores():
+        if (row["student"], row["assignment"]) not in only:
+            continue
+        parts = " ".join(f"{k.removeprefix('test_')}={v:g}" for k, v in row.items() if k.startswith("test_"))
+        print(f"{row['student']:<28} {row['assignment']:<24} {row['score']:g}/{row['max_score']:g}  {parts}")
+
+
+# --- feedback and export --------------------------------------------------------------------------
+def cmd_feedback(args: argparse.Namespace) -> int:
+    course = Course(Path(args.course))
+    names = [args.assignment] if args.assignment else sorted({r["assignment"] for r in course.scores()})
+    for name in names:
+        folder = course.feedback(name)
+    if names:
+        print(f"feedback: {folder}/<student>/<assignment>/<assignment>.html")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    rows = Course(Path(args.course)).scores()
+    columns = ["student", "assignment"]
+    for row in rows:
+        columns += [k for k in row if k not in columns and k.startswith("test_")]
+    columns += ["score", "max_score", "needs_manual_grade"]
+    out = open(args.output, "w", newline="") if args.output != "-" else sys.stdout  # noqa: SIM115
+    try:
+        writer = csv.DictWriter(out, columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    release = sub.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
+    release.add_argument("assignments", nargs="*", help="default: every assignment in solutions/")
+    release.add_argument("--check", action="store_true", help="only report (exit 1) if exercises/ is stale")
+    release.set_defaults(run=cmd_release)
+
+    def course_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--course", default=str(DEFAULT_ROOT), help="nbgrader course directory (created)")
+
+    auto = sub.add_parser("autograde", help="grade a folder of submitted notebooks (any file names)")
+    auto.add_argument("submissions", help="a folder of .ipynb files (one per student) or one file")
+    auto.add_argument("-a", "--assignment", help="default: recognised from each notebook's cells")
+    auto.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                      help="parallel grading processes (default: CPU count)")
+    auto.add_argument("--part-timeout", type=float, default=30.0,
+                      help="seconds each graded part may run before it scores zero (default 30)")
+    course_option(auto)
+    auto.set_defaults(run=cmd_autograde)
+
+    feedback = sub.add_parser("feedback", help="write HTML feedback for every autograded submission")
+    feedback.add_argument("-a", "--assignment")
+    course_option(feedback)
+    feedback.set_defaults(run=cmd_feedback)
+
+    export = sub.add_parser("export", help="write every submission's per-part scores as CSV")
+    export.add_argument("-o", "--output", default="-", help="CSV file (default: stdout)")
+    course_option(export)
+    export.set_defaults(run=cmd_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args))

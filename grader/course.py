@@ -1,0 +1,163 @@
+"""nbgrader's course directory, set up and driven from code.
+
+The instructor never arranges ``source/`` or ``submitted/<student>/<assignment>/`` by hand: this
+module copies the nbgrader sources from solutions/, files each submitted notebook under a student
+id taken from its file name, and calls nbgrader through its Python API (``nbgrader validate`` and
+friends exit 0 even when something failed; the API reports success per call). The gradebook is
+only ever written from one process at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPO / "solutions"
+EXERCISES = REPO / "exercises"
+DEFAULT_ROOT = REPO / "grader" / "course"
+CONFIG = Path(__file__).resolve().with_name("nbgrader_config.py")
+
+
+def put_venv_on_path() -> None:
+    """nbgrader runs ``alembic`` from PATH when it creates gradebook.db: use this interpreter's."""
+    bindir = str(Path(sys.executable).parent)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if bindir not in parts:
+        os.environ["PATH"] = os.pathsep.join([bindir, *parts])
+
+
+def assignments() -> list[str]:
+    """Every assignment with an nbgrader source notebook in solutions/, in course order."""
+    return sorted(p.name for p in SOLUTIONS.iterdir() if (p / f"{p.name}.ipynb").is_file())
+
+
+def student_id(path: Path, taken: set[str]) -> str:
+    """A safe, unique nbgrader student id from a submission's file name."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem).strip("._-") or "student"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+@dataclass(frozen=True)
+class Job:
+    student: str
+    assignment: str
+    notebook: Path  # the copy under submitted/
+
+
+class Course:
+    """One nbgrader course directory (``root``) and the API that works on it."""
+
+    def __init__(self, root: Path = DEFAULT_ROOT, part_timeout: float | None = None,
+                 results_dir: Path | None = None) -> None:
+        put_venv_on_path()
+        self.root = Path(root).resolve()
+        self.part_timeout = part_timeout
+        self.results_dir = results_dir
+        self._api: Any = None
+
+    # --- nbgrader ---------------------------------------------------------------------------------
+    def config(self) -> Any:
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader(CONFIG.name, path=str(CONFIG.parent)).load_config()
+        config.CourseDirectory.root = str(self.root)
+        if self.part_timeout is not None:
+            config.TrustedExecute.part_timeout = float(self.part_timeout)
+        if self.results_dir is not None:
+            config.TrustedExecute.results_dir = str(self.results_dir)
+        return config
+
+    def api(self) -> Any:
+        if self._api is None:
+            from nbgrader.apps import NbGraderAPI
+            from nbgrader.coursedir import CourseDirectory
+
+            config = self.config()
+            self._api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+            self._api.log_level = "WARN"
+        return self._api
+
+    def _check(self, what: str, outcome: dict[str, Any]) -> dict[str, Any]:
+        if not outcome.get("success"):
+            raise RuntimeError(f"nbgrader {what} failed:\n{outcome.get('error') or outcome.get('log', '')}")
+        return outcome
+
+    # --- assignments -------------------------------------------------------------------------------
+    def prepare(self, assignment: str) -> Path:
+        """Copy the nbgrader source in and (re)generate the student version; returns its path.
+
+        Only the notebook is copied: every other file in source/<assignment>/ would be released.
+        """
+        src = SOLUTIONS / assignment / f"{assignment}.ipynb"
+        if not src.is_file():
+            raise FileNotFoundError(f"no nbgrader source {src}")
+        dest = self.root / "source" / assignment / src.name
+        released = self.root / "release" / assignment / src.name
+        self._write_local_config()
+        fresh = not dest.exists() or dest.read_bytes() != src.read_bytes() or not released.exists()
+        if fresh:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+            self._check(f"generate_assignment {assignment}", self.api().generate_assignment(assignment))
+        return released
+
+    def _write_local_config(self) -> None:
+        """Lets an instructor run plain ``nbgrader`` commands inside the course directory too."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        text = ("# written by `python -m grader`; edit grader/nbgrader_config.py instead\n"
+                "c = get_config()  # noqa: F821\n"
+                f"load_subconfig({str(CONFIG)!r})  # noqa: F821\n"
+                f"c.CourseDirectory.root = {str(self.root)!r}\n")
+        path = self.root / "nbgrader_config.py"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+    # --- submissions -------------------------------------------------------------------------------
+    def submit(self, student: str, assignment: str, notebook: Path) -> Job:
+        """File a notebook as submitted/<student>/<assignment>/<assignment>.ipynb."""
+        folder = self.root / "submitted" / student / assignment
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        target = folder / f"{assignment}.ipynb"
+        shutil.copyfile(notebook, target)
+        return Job(student, assignment, target)
+
+    def autograde(self, job: Job) -> str:
+        """nbgrader autograde for one submission (serially: the gradebook has one writer)."""
+        outcome = self.api().autograde(job.assignment, job.student, force=True, create=True)
+        return str(self._check(f"autograde {job.student}", outcome).get("log", ""))
+
+    def feedback(self, assignment: str) -> Path:
+        self._check(f"generate_feedback {assignment}", self.api().generate_feedback(assignment))
+        return self.root / "feedback"
+
+    # --- scores ------------------------------------------------------------------------------------
+    def scores(self) -> list[dict[str, Any]]:
+        """One row per graded submission: student, assignment, every test cell's score, total."""
+        from nbgrader.api import Gradebook
+
+        rows = []
+        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}", "distlab") as gb:
+            for assignment in gb.assignments:
+                for submission in sorted(assignment.submissions, key=lambda s: s.student.id):
+                    row: dict[str, Any] = {"student": submission.student.id, "assignment": assignment.name}
+                    for notebook in submission.notebooks:
+                        for grade in sorted(notebook.grades, key=lambda g: g.name):
+                            row[grade.name] = grade.score
+                    row["score"] = submission.score
+                    row["max_score"] = submission.max_score
+                    row["needs_manual_grade"] = submission.needs_manual_grade
+                    rows.append(row)
+        return rows

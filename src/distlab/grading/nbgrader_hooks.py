@@ -1,0 +1,90 @@
+"""nbgrader glue: grade cells get their outputs from trusted checks, not from the student's kernel.
+
+``TrustedExecute`` takes the place of nbgrader's ``Execute`` in ``Autograde.autograde_preprocessors``.
+It runs after nbgrader's sanitising steps (which restore edited, locked and deleted test cells from
+the instructor's copy), grades the answer cells on fresh ranks (or takes the result a parallel
+grading process already computed for the same source), and writes each grade cell's outputs:
+nothing but a line on stdout when the part passed, an error carrying the feedback when it did not.
+nbgrader's own ``SaveAutoGrades`` then records the scores as usual, and ``generate_feedback``
+shows the messages. The student's kernel never runs, so nothing in it (a patched helper, a
+trailing NaN, redirected stderr, a crash) can change a grade.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from nbformat.v4 import new_output
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Float, Unicode
+
+from distlab.grading import exercise
+from distlab.grading.extract import solution_source
+from distlab.grading.runner import DEFAULT_PART_TIMEOUT, grade_submission, source_digest
+from distlab.grading.spec import SubmissionResult
+
+
+def results_path(results_dir: str, student: str, assignment: str) -> str:
+    return os.path.join(results_dir, student, f"{assignment}.json")
+
+
+class TrustedExecute(NbGraderPreprocessor):
+    """Fill every grade cell's outputs from checks run in fresh processes."""
+
+    results_dir = Unicode(
+        "", help="Folder of results computed ahead (one <student>/<assignment>.json each)."
+    ).tag(config=True)
+    part_timeout = Float(DEFAULT_PART_TIMEOUT, help="Seconds each graded part may run.").tag(config=True)
+
+    def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
+        info = resources["nbgrader"]
+        try:
+            ex = exercise(info["assignment"])
+        except KeyError:
+            result, ex = None, None
+        if ex is not None:
+            source = solution_source(nb, ex)
+            result = self._computed(info["student"], ex.assignment, source)
+            if result is None:
+                self.log.info("Grading %s in fresh rank processes", info["student"])
+                result = grade_submission(ex, source, self.part_timeout)
+        parts = result.by_grade_id() if result else {}
+        count = 0
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            cell.outputs = []
+            cell.execution_count = None
+            grade = cell.metadata.get("nbgrader", {})
+            if not grade.get("grade"):
+                continue
+            count += 1
+            cell.execution_count = count
+            part = parts.get(grade.get("grade_id"))
+            if part is None:
+                cell.outputs = [_error("NoTrustedCheck", "the grader has no check for this cell")]
+            elif part.passed:
+                cell.outputs = [new_output("stream", name="stdout",
+                                           text=f"passed ({part.cases} cases, checked by the grader)\n")]
+            else:
+                cell.outputs = [_error("PartFailed", part.message)]
+        return nb, resources
+
+    def _computed(self, student: str, assignment: str, source: str) -> SubmissionResult | None:
+        """A result from the parallel pass, if there is one for exactly this source."""
+        if not self.results_dir:
+            return None
+        try:
+            with open(results_path(self.results_dir, student, assignment)) as handle:
+                result = SubmissionResult.from_json(handle.read())
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if result.assignment != assignment or result.source_sha256 != source_digest(source):
+            return None
+        return result
+
+
+def _error(name: str, message: str) -> Any:
+    lines = message.splitlines() or [""]
+    return new_output("error", ename=name, evalue=lines[0], traceback=[f"{name}: {lines[0]}", *lines[1:]])
