@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from kernel_session import KernelSession
-from procs import cmdline, listening_addresses, parent
+from procs import cmdline, listening_addresses, parent, wait_gone
 
 PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
 
@@ -175,3 +175,23 @@ def test_a_function_defined_in_the_notebook_runs_with_distlab_run(kernel: Kernel
     assert "return 1 / 0" in reply.traceback  # the notebook's own source line, shipped with the function
 
 
+
+
+def test_start_stop_and_restart(kernel: KernelSession) -> None:
+    kernel.execute("%%dist -n 4\npass")
+    old = kernel.value(PIDS)
+    reply = kernel.execute("%dist_stop")
+    assert "pool stopped" in reply.stdout
+    assert wait_gone(old) == []
+    assert "no pool" in kernel.execute("%dist_status").stdout
+    reply = kernel.execute("%dist_start -n 3")
+    assert "3 ranks ready (gloo)" in reply.stdout
+    kernel.execute("%%dist\nmarker = rank")
+    started = kernel.value(PIDS)
+    assert len(started) == 3
+    reply = kernel.execute("%dist_restart")
+    assert "3 fresh ranks" in reply.stdout
+    assert set(kernel.value(PIDS)).isdisjoint(started) and wait_gone(started) == []
+    reply = kernel.execute("%dist_pull marker")
+    assert reply.error is not None and "marker" in reply.traceback  # rank state is gone after a restart
+    kernel.execute("%%dist -n 4\npass")
