@@ -116,7 +116,8 @@ class Rank:
             STORE_TIMEOUT, wait_for_workers=False, **extra,
         )
         self.store = store
-        dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size)
+        bind: dict[str, Any] = {"device_id": device} if spec.backend == "nccl" else {}  # NCCL: no guessing which GPU
+        dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, **bind)
         _make_reinit_harmless()
         return device
 
