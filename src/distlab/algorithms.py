@@ -51,7 +51,7 @@ def _global_rank(group: Any, group_rank: int) -> int:
 def ring_all_reduce(
     tensor: torch.Tensor, group: Any = None, snapshot: bool | None = None
 ) -> torch.Tensor:
-    """Sum ``tensor`` over all ranks in place with the ring algorithm, using only isend/recv.
+    """Sum ``tensor`` over all ranks in place with the ring algorithm, using only isend/irecv.
 
     The flat buffer is cut into n chunks (``tensor_split``: sizes may differ by one).
     Reduce-scatter: in n-1 steps each rank sends one chunk to its right neighbour and adds the
@@ -82,23 +82,27 @@ def ring_all_reduce(
     def span(i: int) -> tuple[int, int]:  # element range [start, stop) of chunk i
         return bounds[i], bounds[i + 1]
 
-    def exchange(send_idx: int, recv_into: torch.Tensor) -> None:
-        req = dist.isend(chunks[send_idx], right, group) if chunks[send_idx].numel() else None
-        if recv_into.numel():
-            dist.recv(recv_into, left, group)
-        if req is not None:
-            req.wait()
+    def exchange(send_idx: int, recv_into: torch.Tensor, reduce_into: torch.Tensor | None) -> None:
+        # Post the receive before the send: a message that arrives before its receive is
+        # posted is buffered and copied again. Reduce while our own send may still be going.
+        recv = dist.irecv(recv_into, left, group) if recv_into.numel() else None
+        send = dist.isend(chunks[send_idx], right, group) if chunks[send_idx].numel() else None
+        if recv is not None:
+            recv.wait()
+            if reduce_into is not None:
+                reduce_into.add_(recv_into)
+        if send is not None:
+            send.wait()
 
     for step in range(n - 1):  # reduce-scatter: send chunk me-step, accumulate chunk me-step-1
         s, r = (me - step) % n, (me - step - 1) % n
         buf = incoming[: chunks[r].numel()]
-        exchange(s, buf)
-        chunks[r].add_(buf)
+        exchange(s, buf, chunks[r])
         if snapshot:
             trace.snapshot(flat, f"reduce-scatter {step + 1}", span(s), span(r))
     for step in range(n - 1):  # all-gather: pass finished chunk me+1-step, receive chunk me-step
         s, r = (me + 1 - step) % n, (me - step) % n
-        exchange(s, chunks[r])
+        exchange(s, chunks[r], None)
         if snapshot:
             trace.snapshot(flat, f"all-gather {step + 1}", span(s), span(r))
     return tensor

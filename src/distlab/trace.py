@@ -67,6 +67,8 @@ _REDUCING = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single",
 
 _sinks: list[list[dict[str, Any]]] = []
 _originals: dict[str, Callable[..., Any]] = {}
+_wrappers: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # name -> (orig, traced)
+_groups: dict[int, tuple[Any, list[int], int, int]] = {}  # id(group) -> (group, ranks, me, global)
 _lock = threading.Lock()
 _local = threading.local()
 _seq = itertools.count()
@@ -99,7 +101,8 @@ def _split_bytes(t: Any, splits: Any, n: int, me: int) -> int:
     return int(splits[me]) * (_nb(t) // max(t.shape[0], 1))
 
 
-def _volume(op: str, a: dict[str, Any], n: int, me: int) -> tuple[int, int, int, int | None]:
+def _volume(op: str, a: dict[str, Any], n: int, me: int,
+            my_global: int) -> tuple[int, int, int, int | None]:
     """(size, sent, recv, peer) of one call on a rank of group rank ``me`` in ``n`` ranks."""
     group = a.get("group")
     if op in ("send", "isend"):
@@ -117,7 +120,7 @@ def _volume(op: str, a: dict[str, Any], n: int, me: int) -> tuple[int, int, int,
     if op in ("broadcast", "reduce"):
         s, root_name = _nb(a["tensor"]), ("src" if op == "broadcast" else "dst")
         root = _global(group, a, root_name)
-        i_am_root = root == dist.get_rank()
+        i_am_root = root == my_global
         root_moves, other_moves = (n - 1) * s, s
         if op == "broadcast":
             return s, root_moves if i_am_root else 0, 0 if i_am_root else other_moves, root
@@ -125,7 +128,7 @@ def _volume(op: str, a: dict[str, Any], n: int, me: int) -> tuple[int, int, int,
     if op in ("scatter", "gather"):
         one = _nb(a["tensor"])
         root = _global(group, a, "src" if op == "scatter" else "dst")
-        i_am_root = root == dist.get_rank()
+        i_am_root = root == my_global
         if op == "scatter":
             return n * one, (n - 1) * one if i_am_root else 0, 0 if i_am_root else one, root
         return n * one, 0 if i_am_root else one, (n - 1) * one if i_am_root else 0, root
@@ -196,14 +199,26 @@ class TracedWork:
         return getattr(self._work, name)
 
 
-def _describe(op: str, sig: inspect.Signature, args: Any, kwargs: Any) -> dict[str, Any]:
-    a = sig.bind_partial(*args, **kwargs).arguments
+def _group_info(group: Any) -> tuple[list[int], int, int]:
+    """(global ranks of the group, this rank's group rank, this rank's global rank), cached:
+    asking torch costs microseconds per call, and the recorder must stay cheap."""
+    pg = group or dist.group.WORLD
+    hit = _groups.get(id(pg))
+    if hit is None or hit[0] is not pg:
+        ranks = list(dist.get_process_group_ranks(pg))  # type: ignore[arg-type]
+        hit = _groups[id(pg)] = (pg, ranks, dist.get_rank(group), dist.get_rank())
+    return hit[1], hit[2], hit[3]
+
+
+def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, Any]:
+    a = dict(zip(names, args, strict=False))  # bind by name, without inspect.bind (slow)
+    a.update(kwargs)
     group = a.get("group")
     if op == "batch_isend_irecv" and a.get("p2p_op_list"):
         group = a["p2p_op_list"][0].group
-    ranks = list(dist.get_process_group_ranks(group or dist.group.WORLD))
-    n, me = len(ranks), dist.get_rank(group)
-    size, sent, recv, peer = _volume(op, a, n, me)
+    ranks, me, my_global = _group_info(group)
+    n = len(ranks)
+    size, sent, recv, peer = _volume(op, a, n, me, my_global)
     p2p = _p2p(op, a, peer, size)
     if op == "batch_isend_irecv":
         sent = sum(p["bytes"] for p in p2p if p["dir"] == "send")
@@ -213,7 +228,7 @@ def _describe(op: str, sig: inspect.Signature, args: Any, kwargs: Any) -> dict[s
     red = a.get("op", dist.ReduceOp.SUM) if op in _REDUCING else None
     is_async = bool(a.get("async_op", False)) or op in ("isend", "irecv", "batch_isend_irecv")
     return {
-        "op": op, "seq": next(_seq), "rank": dist.get_rank(), "group_ranks": ranks,
+        "op": op, "seq": next(_seq), "rank": my_global, "group_ranks": ranks,
         "group_size": n, "shapes": [list(t.shape) for t in ts],
         "dtypes": [str(t.dtype).replace("torch.", "") for t in ts], "size": size,
         "bus_bytes": size * bus_factor(op, n), "sent": sent, "recv": recv, "peer": peer,
@@ -247,7 +262,7 @@ def _retarget(ops: Any) -> None:
 
 
 def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    sig = inspect.signature(fn)
+    names = list(inspect.signature(fn).parameters)
 
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
@@ -264,9 +279,9 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             stack = _local.stack = []
         if stack:  # a call torch makes inside a recorded call
             if stack[-1]["op"] in OBJECT_OPS:
-                _add_inner(stack[-1], _describe(op, sig, args, kwargs))
+                _add_inner(stack[-1], _describe(op, names, args, kwargs))
             return fn(*args, **kwargs)
-        rec = _describe(op, sig, args, kwargs)
+        rec = _describe(op, names, args, kwargs)
         for sink in _sinks:
             sink.append(rec)
         stack.append(rec)
@@ -297,13 +312,17 @@ def _install() -> None:
         if fn is None or getattr(fn, "__wrapped_by_distlab__", False):
             continue
         _originals[name] = fn
-        traced = _wrap(name, fn)
+        cached = _wrappers.get(name)
+        if cached is None or cached[0] is not fn:  # build each wrapper once per process
+            cached = _wrappers[name] = (fn, _wrap(name, fn))
+        traced = cached[1]
         setattr(dist, name, traced)
         if getattr(c10d, name, None) is fn:
             setattr(c10d, name, traced)
 
 
 def _uninstall() -> None:
+    _groups.clear()
     for name, fn in _originals.items():
         if getattr(c10d, name, None) is getattr(dist, name, None):
             setattr(c10d, name, fn)
