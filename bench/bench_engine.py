@@ -33,25 +33,33 @@ def _median_rtt(kernel: KernelSession, code: str, reps: int) -> float:
     return statistics.median(times)
 
 
+def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, reps: int) -> dict[str, float]:
+    """Cold start (the ``start`` cells), then per-cell and collective overhead of cells under ``magic``."""
+    kernel.execute("pass")
+    started = time.perf_counter()
+    for cell in start:
+        _ok(kernel.execute(cell))
+    cold = time.perf_counter() - started
+    empty = _median_rtt(kernel, "pass", reps)
+    per_cell = _median_rtt(kernel, f"{magic}\nprint(rank)", reps) - empty
+    _ok(kernel.execute(f"{magic}\nimport time\n_inside = []"))
+    collective_rtt = _median_rtt(kernel, f"{magic}\n{ALL_REDUCE}", reps)
+    _ok(kernel.execute(f"import statistics\n_in = {pull}"))
+    inside = kernel.value("statistics.median(max(v) for v in zip(*_in))")  # the slowest rank, per call
+    return {"cold": cold, "empty": empty, "per_cell": per_cell,
+            "collective": collective_rtt - empty - inside, "inside": inside}
+
+
 def bench_distlab(reps: int) -> dict[str, float]:
     kernel = KernelSession()
     try:
-        kernel.execute("pass")
+        start = ["%load_ext distlab", f"%%dist -n {WORLD}\nt = torch.ones(4)\ndist.all_reduce(t)"]
+        figures = _measure(kernel, start, "%%dist", "%dist_pull _inside", reps)
         started = time.perf_counter()
-        _ok(kernel.execute("%load_ext distlab"))
-        _ok(kernel.execute(f"%%dist -n {WORLD}\nt = torch.ones(4)\ndist.all_reduce(t)"))
-        cold = time.perf_counter() - started
-        empty = _median_rtt(kernel, "pass", reps)
-        per_cell = _median_rtt(kernel, "%%dist\nprint(rank)", reps) - empty
-        _ok(kernel.execute("%%dist\nimport time\n_inside = []"))
-        collective_rtt = _median_rtt(kernel, "%%dist\n" + ALL_REDUCE, reps)
-        _ok(kernel.execute("import statistics\n_in = %dist_pull _inside"))
-        inside = kernel.value("statistics.median(max(v) for v in zip(*_in))")
-        started = time.perf_counter()
-        kernel.execute("%%dist --timeout 120\nt = torch.ones(1)\nif rank == 1:\n    raise ValueError('x')\ndist.all_reduce(t)")
-        hang = time.perf_counter() - started
-        return {"cold": cold, "empty": empty, "per_cell": per_cell,
-                "collective": collective_rtt - empty - inside, "inside": inside, "hang_report": hang}
+        kernel.execute("%%dist --timeout 120\nt = torch.ones(1)\nif rank == 1:\n    raise ValueError('x')\n"
+                       "dist.all_reduce(t)")
+        figures["hang_report"] = time.perf_counter() - started
+        return figures
     finally:
         kernel.shutdown()
 
@@ -77,20 +85,10 @@ dist.all_reduce(t)
 def bench_ipyparallel(reps: int) -> dict[str, float]:
     kernel = KernelSession()
     try:
-        kernel.execute("pass")
-        started = time.perf_counter()
-        _ok(kernel.execute(IPP_START.format(world=WORLD)))
-        _ok(kernel.execute(IPP_JOIN))
-        cold = time.perf_counter() - started
-        empty = _median_rtt(kernel, "pass", reps)
-        per_cell = _median_rtt(kernel, "%%px\nprint(rank)", reps) - empty
-        _ok(kernel.execute("%%px\n_inside = []"))
-        collective_rtt = _median_rtt(kernel, "%%px\n" + ALL_REDUCE, reps)
-        _ok(kernel.execute("import statistics\n_in = view.pull('_inside', block=True)"))
-        inside = kernel.value("statistics.median(max(v) for v in zip(*_in))")
+        figures = _measure(kernel, [IPP_START.format(world=WORLD), IPP_JOIN], "%%px",
+                           "view.pull('_inside', block=True)", reps)
         kernel.execute("cluster.stop_cluster_sync()")
-        return {"cold": cold, "empty": empty, "per_cell": per_cell,
-                "collective": collective_rtt - empty - inside, "inside": inside}
+        return figures
     finally:
         kernel.shutdown()
 
