@@ -1,6 +1,6 @@
 """00 Welcome: what the course covers and how a %%dist cell runs."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "00_welcome"
 
@@ -56,10 +56,12 @@ CELLS = [
 
         So one cell, run by four processes, can do four different things: `if rank == 0: ...`.
 
-        First load the extension. It starts the rank processes in the background.
+        First load the extension, then start the team: `%dist_start -n 4` starts 4 rank
+        processes and returns when all of them have joined. (Skip it and the first `%%dist` cell
+        starts them for you.)
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     md(
         """
         Now a cell that every rank runs. Each rank builds a small tensor filled with its own rank

@@ -1,6 +1,6 @@
 """01 Process groups: how ranks find each other, backends, init methods, subgroups, barrier."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "01_process_groups"
 
@@ -51,7 +51,7 @@ CELLS = [
         `cuda:{local_rank}`. Here everything runs on one machine, so `local_rank == rank`.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     md(
         """
         ### What `%%dist` did for you

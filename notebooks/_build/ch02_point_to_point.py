@@ -1,6 +1,6 @@
 """02 Point-to-point: send/recv, isend/irecv, the classic deadlock, batch_isend_irecv, a ring."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "02_point_to_point"
 
@@ -42,7 +42,7 @@ CELLS = [
         Below, the even ranks talk and the odd ranks listen: 0 calls 1, 2 calls 3.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         buf = torch.zeros(3, device=device)

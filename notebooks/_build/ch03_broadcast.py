@@ -1,6 +1,6 @@
 """03 broadcast: the captain gives one order to everyone (and broadcast_object_list)."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "03_broadcast"
 
@@ -38,7 +38,7 @@ CELLS = [
         every other rank, `tensor` is the blank card that gets **overwritten in place**.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         if rank == 0:

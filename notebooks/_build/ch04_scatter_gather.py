@@ -1,6 +1,6 @@
 """04 scatter and gather: hand out one task to each rank, collect the reports."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "04_scatter_gather"
 
@@ -44,7 +44,7 @@ CELLS = [
           `world_size` buffers that receive them in rank order. Others pass `None`.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         task = torch.zeros(2, device=device)  # every rank: room for one task of 2 numbers

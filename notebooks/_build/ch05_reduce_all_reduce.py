@@ -1,6 +1,6 @@
 """05 reduce and all_reduce: every ReduceOp, in-place semantics, async_op."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "05_reduce_all_reduce"
 
@@ -43,7 +43,7 @@ CELLS = [
         The sum is taken **element by element**: coffee with coffee, travel with travel.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         receipts = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], device=device)

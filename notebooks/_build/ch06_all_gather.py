@@ -1,6 +1,6 @@
 """06 all_gather: list and single-tensor forms, uneven sizes, all_gather_object."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "06_all_gather"
 
@@ -39,7 +39,7 @@ CELLS = [
         pairs.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         mine = torch.tensor([10.0 * rank, 10.0 * rank + 1], device=device)  # (2,) on each rank

@@ -1,6 +1,6 @@
 """07 reduce_scatter: list and single-tensor forms; the other half of all_reduce."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "07_reduce_scatter"
 
@@ -44,7 +44,7 @@ CELLS = [
         four totals are the full sum, `10 * [1, 2, 3, 4]`, **scattered** across the ranks.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         receipts = (rank + 1) * torch.tensor([1.0, 2.0, 3.0, 4.0], device=device)  # (4,)

@@ -1,6 +1,6 @@
 """08 all_to_all: list and single forms, uneven splits, mixture-of-experts and sequence parallelism."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "08_all_to_all"
 
@@ -42,7 +42,7 @@ CELLS = [
         `10r + j`.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         outbox = [torch.tensor([10.0 * rank + j], device=device) for j in range(world_size)]

@@ -1,6 +1,6 @@
 """09 Composing collectives: all_reduce = reduce_scatter + all_gather, the ring, cost models."""
 
-from nbkit import code, dist, md, predict
+from nbkit import code, dist, md, predict, setup
 
 STEM = "09_composing"
 
@@ -45,7 +45,7 @@ CELLS = [
         First the composition itself, with the library calls.
         """
     ),
-    code("%load_ext distlab"),
+    setup(),
     dist(
         """
         from distlab.algorithms import all_gather_single, reduce_scatter_single

@@ -68,3 +68,8 @@ def notebook(stem: str, cells: list[NotebookNode]) -> NotebookNode:
     nb.cells = cells
     nbformat.validate(nb)
     return nb
+
+
+def setup(world_size: int = 4) -> NotebookNode:
+    """The first code cell of every notebook: load the magics and wait until the ranks are up."""
+    return code(f"%load_ext distlab\n%dist_start -n {world_size}")

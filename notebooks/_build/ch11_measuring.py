@@ -1,0 +1,269 @@
+"""11 Measuring: latency and bandwidth sweeps on this machine; composed vs built-in all_reduce."""
+
+from nbkit import code, dist, md, predict, setup
+
+STEM = "11_measuring"
+
+CELLS = [
+    md(
+        """
+        # 11 · Measuring: how fast is it here?
+
+        Notebook 09 gave formulas. Now measure: how long does a collective take on this
+        machine, for small and large messages, and does the model fit? And a question the
+        course has promised to answer honestly: is `reduce_scatter + all_gather` as fast as
+        `all_reduce` here?
+        """
+    ),
+    md(
+        """
+        ## Learning goals
+
+        After this notebook you can:
+
+        1. measure latency with a ping-pong between two ranks;
+        2. run a size sweep of collectives with `distlab.bench.sweep` and read its nccl-tests
+           style table (time, algbw, busbw);
+        3. fit the alpha-beta model to measurements and read off latency and bandwidth;
+        4. explain why, on CPUs with gloo, the composed all_reduce is slower than the built-in.
+        """
+    ),
+    md(
+        """
+        ## The idea
+
+        Timing a relay team. With a tiny baton (a few bytes), the time is all hand-over: the
+        runners' reaction time, **latency** (alpha). With a heavy load, the time grows with the
+        weight: **bandwidth** (1/beta). One stopwatch reading per size, from 4 KiB to 4 MiB,
+        shows both regimes; fitting `t = alpha + beta * bytes` separates them.
+
+        The rules of a fair race, as nccl-tests runs it: warm up first (the first call sets up
+        connections), start everyone together (a barrier), repeat the call many times, and report
+        the **slowest** rank, because a collective is done only when everyone is done.
+
+        The benchmark all-reduces a buffer of ones, over and over. Here is one call, to see what
+        it does to the buffers:
+        """
+    ),
+    setup(),
+    dist(
+        """
+        ones = torch.ones(6, device=device)
+        before = ones.clone()
+        dist.all_reduce(ones)
+        after = ones.clone()
+        """
+    ),
+    code(
+        """
+        from distlab.viz import show_buffers
+
+        before = %dist_pull before
+        after = %dist_pull after
+        show_buffers(before, title="before: a buffer of ones on each rank")
+        show_buffers(after, title="after one all_reduce: every element is world_size")
+        """
+    ),
+    md(
+        """
+        ### Latency: ping-pong
+
+        Rank 0 sends one number to rank 1, which sends it back: one round trip is two
+        messages, so the one-way latency is half the round-trip time. Ranks 2 and 3 skip this
+        cell's loop and finish at once, so they do not compete for the CPU.
+        """
+    ),
+    dist(
+        """
+        import time
+
+        ping = torch.zeros(1, device=device)
+        trips = 200
+        one_way_us = None
+        if rank in (0, 1):
+            other = 1 - rank
+            for i in range(trips + 10):  # the first 10 are warm-up
+                if i == 10:
+                    t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(ping, other)
+                    dist.recv(ping, other)
+                else:
+                    dist.recv(ping, other)
+                    dist.send(ping, other)
+            one_way_us = (time.perf_counter() - t0) / trips / 2 * 1e6
+        if rank == 0:
+            print(f"one-way latency of a 4-byte message: {one_way_us:.1f} us")
+        """
+    ),
+    md(
+        """
+        ### A size sweep
+
+        `distlab.bench.sweep` starts fresh ranks for each operation, runs the warm-up / barrier /
+        repeat routine above for every size, and returns one row per size, with the slowest
+        rank's time per call. We keep the sizes small (4 KiB to 4 MiB) so it takes seconds.
+        Besides the built-in operations we time one function of our own: `all_reduce_rs_ag`,
+        the composed all_reduce of notebook 09.
+        """
+    ),
+    code(
+        """
+        import os
+
+        from distlab import bench
+        from distlab.algorithms import all_reduce_rs_ag
+
+        WORLD = 4
+        print(f"{WORLD} ranks on {os.cpu_count()} CPU cores")
+        rows = bench.sweep(["all_reduce", "reduce_scatter", "all_gather"], "4K:4M", [WORLD],
+                           fns=[all_reduce_rs_ag], iters=10, progress=False)
+        print(bench.format_table(rows))
+        """
+    ),
+    md(
+        """
+        The columns are the ones nccl-tests prints: `size` in bytes (for all_gather the output,
+        for reduce_scatter the input), `time(us)` per call, `algbw = size / time` and `busbw =
+        algbw * factor` (notebook 09). Plots make the trend easier to see:
+        """
+    ),
+    code(
+        """
+        from distlab.viz import PNG
+
+        display(PNG(bench.plot_bandwidth(rows)))
+        display(PNG(bench.plot_fit(rows)))
+        for (op, n), model in bench.fits(rows).items():
+            print(f"{op:18s} on {n} ranks: {model}")
+        """
+    ),
+    md(
+        """
+        Read the fit with care. Four ranks share this machine's CPU cores, and other programs
+        may be running: the times are noisy, and a negative or tiny alpha just means the
+        noise is larger than the latency. The ping-pong above is the more direct latency
+        measurement.
+
+        ## Predict, then run
+        """
+    ),
+    predict(
+        """
+        Notebook 09 said `all_reduce = reduce_scatter + all_gather`, with the same bytes on the
+        wire. On this machine (gloo on CPUs), is `all_reduce_rs_ag` as fast as the built-in
+        `all_reduce`? Is `reduce_scatter` alone faster than `all_reduce`?
+        """,
+        """
+        No, and no. gloo has no reduce-scatter algorithm of its own: torch builds gloo's
+        `reduce_scatter` out of all-reduces (pytorch issues #149869 and #118911). So on gloo
+        `reduce_scatter` alone costs about as much as an `all_reduce`, or more, and the composed
+        version pays that **plus** an all_gather. The next cell computes the ratios from the
+        sweep. On GPUs, NCCL has real reduce-scatter and all-gather rings, and the two costs
+        come out close.
+        """,
+    ),
+    code(
+        """
+        import statistics
+
+
+        def times(op):
+            return {r["size"]: r["time_us"] for r in rows if r["op"] == op}
+
+
+        builtin, composed, rs = times("all_reduce"), times("all_reduce_rs_ag"), times("reduce_scatter")
+        print(f"{'size':>9} {'all_reduce us':>14} {'composed us':>12} {'composed/builtin':>17} "
+              f"{'reduce_scatter/all_reduce':>26}")
+        for size in builtin:
+            print(f"{size:>9} {builtin[size]:>14.0f} {composed[size]:>12.0f} "
+                  f"{composed[size] / builtin[size]:>17.2f} {rs[size] / builtin[size]:>26.2f}")
+        median_ratio = statistics.median(composed[s] / builtin[s] for s in builtin)
+        print(f"median: the composed all_reduce takes {median_ratio:.1f}x the built-in one here")
+        """
+    ),
+    md(
+        """
+        That is the honest picture for this machine. The idea of notebook 09 is still right, and
+        it is what ZeRO and FSDP rely on, but it pays off only where the library implements
+        `reduce_scatter` as its own algorithm (NCCL on GPUs). **Measure on the hardware you
+        will train on.**
+
+        To run a bigger sweep outside the notebook (the same code, more sizes and world sizes):
+
+        ```
+        python -m distlab.bench --ops all_reduce,all_gather,reduce_scatter --sizes 1K:64M --world-sizes 2,4
+        ```
+
+        ## Pitfalls
+
+        - **More ranks than cores.** Here 4 ranks share the cores; a rank may wait for a core,
+          not for the network. Numbers from an oversubscribed machine say little about a cluster.
+        - **No warm-up.** The first call sets up connections and buffers; timing it measures
+          set-up, not communication.
+        - **Timing one rank.** Report the slowest rank: the collective is done only when all
+          are.
+        - **Too few repetitions** for small messages: the timer's resolution and noise dominate.
+        - **Comparing algbw across world sizes.** Use busbw for that (notebook 09).
+        - **Trusting a single run.** Other programs share this machine; run twice and compare.
+        """
+    ),
+    md(
+        """
+        ## Self-check
+
+        Check the benchmark's own arithmetic on the rows it returned, and that the function it
+        timed really is an all_reduce.
+        """
+    ),
+    code(
+        """
+        from distlab.costmodel import bus_factor
+
+        expected_sizes = bench.parse_sizes("4K:4M")
+        for op in ["all_reduce", "reduce_scatter", "all_gather", "all_reduce_rs_ag"]:
+            assert sorted(r["size"] for r in rows if r["op"] == op) == expected_sizes, op
+        for r in rows:
+            assert abs(r["algbw"] - r["size"] / (r["time_us"] * 1e-6) / 1e9) < 1e-9
+            kind = "all_reduce" if r["op"] == "all_reduce_rs_ag" else r["op"]
+            assert abs(r["busbw"] - r["algbw"] * bus_factor(kind, WORLD)) < 1e-9
+        assert bus_factor("all_reduce", WORLD) == 2 * (WORLD - 1) / WORLD
+        """
+    ),
+    dist(
+        """
+        from distlab.algorithms import all_reduce_rs_ag
+
+        v = torch.arange(10.0, device=device) * (rank + 1)  # 10 elements: not a multiple of 4
+        w = v.clone()
+        all_reduce_rs_ag(v)
+        dist.all_reduce(w)
+        composed_ok = torch.equal(v, w)
+        """
+    ),
+    code(
+        """
+        oks = %dist_pull composed_ok
+        assert all(oks), oks
+        print("self-check passed: the table's arithmetic holds and all_reduce_rs_ag is an all_reduce")
+        """
+    ),
+    md(
+        """
+        ## Summary
+
+        - Latency: time tiny messages (ping-pong); bandwidth: time large ones.
+        - A fair benchmark warms up, starts together, repeats, and reports the slowest rank.
+        - `distlab.bench.sweep` prints nccl-tests style rows; `bench.fits` fits alpha and beta.
+        - On gloo, `reduce_scatter` is built from all-reduces, so the composed all_reduce is
+          slower than the built-in one. With NCCL on GPUs the composition costs about the same.
+
+        ## Next
+
+        That is the course. To practise, open the exercises (`exercises/`): each one asks you to
+        implement a primitive or an algorithm from these notebooks, and grades it on real
+        ranks. And go back to [00 · Welcome](00_welcome.ipynb) whenever you want to run
+        something on a fresh team.
+        """
+    ),
+]

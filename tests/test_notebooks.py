@@ -1,0 +1,135 @@
+"""The course notebooks: order, template, committed state, and a headless run of each.
+
+A learner relies on three things: the notebooks come in order with nothing missing, each one
+follows the same template (so they know where the answer and the self-check are), and each
+runs top to bottom without an error or a stray warning. The run tests execute every notebook
+in a fresh kernel of this interpreter through nbclient, as `jupyter nbconvert --execute` would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+EXPECTED = [
+    "00_welcome",
+    "01_process_groups",
+    "02_point_to_point",
+    "03_broadcast",
+    "04_scatter_gather",
+    "05_reduce_all_reduce",
+    "06_all_gather",
+    "07_reduce_scatter",
+    "08_all_to_all",
+    "09_composing",
+    "10_training",
+    "11_measuring",
+]
+TEMPLATE = ["Learning goals", "The idea", "Predict, then run", "Pitfalls", "Self-check",
+            "Summary", "Next"]
+RAISES = "raises-exception"
+# Failing on purpose must mean failing on the ranks (a deadline, a rank's error), never a typo.
+EXPECTED_FAILURES = {"RankError", "RankTimeout"}
+CELL_TIMEOUT = 300  # seconds per cell; a notebook takes well under a minute on 2 cores
+
+
+def _read(stem: str) -> nbformat.NotebookNode:
+    return nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+
+
+def _headings(nb: nbformat.NotebookNode) -> list[str]:
+    return [m.group(1).strip() for c in nb.cells if c.cell_type == "markdown"
+            for m in re.finditer(r"^#{1,6}\s+(.+)$", c.source, flags=re.MULTILINE)]
+
+
+def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_numbering_has_no_gaps() -> None:
+    found = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    assert found == EXPECTED
+    assert [int(s[:2]) for s in found] == list(range(len(found)))
+
+
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_template(stem: str) -> None:
+    nb = _read(stem)
+    headings = _headings(nb)
+    assert headings and headings[0].startswith(f"{stem[:2]} ·"), headings[:1]
+    positions = []
+    for wanted in TEMPLATE:
+        hits = [i for i, h in enumerate(headings) if h.lower() == wanted.lower()]
+        assert hits, f"{stem}: no '## {wanted}' heading"
+        positions.append(hits[0])
+    assert positions == sorted(positions), f"{stem}: template headings out of order"
+
+    code = _code_cells(nb)
+    assert code[0].source.startswith("%load_ext distlab"), "first code cell loads the extension"
+    assert any(c.source.startswith("%%dist") for c in code), "runs something on the ranks"
+    assert any("show_buffers" in c.source for c in code), "draws the buffers from code"
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "<details><summary>Answer</summary>" in markdown, "a hidden answer to predict"
+    after_self_check = nb.cells[[i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                                 and "## Self-check" in c.source][0]:]
+    assert any(c.cell_type == "code" and "assert " in c.source for c in after_self_check), \
+        "the self-check asserts"
+
+
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_committed_without_outputs(stem: str) -> None:
+    nb = _read(stem)
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    for cell in _code_cells(nb):
+        assert cell.outputs == [], f"{stem}: outputs in cell {cell.get('id')}"
+        assert cell.execution_count is None, f"{stem}: execution count in cell {cell.get('id')}"
+        assert "execution" not in cell.metadata, f"{stem}: timing metadata in cell {cell.get('id')}"
+
+
+def test_notebooks_match_their_generator() -> None:
+    """notebooks/_build writes the notebooks; the committed files must be its current output."""
+    proc = subprocess.run([sys.executable, str(NOTEBOOKS / "_build" / "build.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_kernel_is_this_interpreter() -> None:
+    """nbclient's "python3" kernel must run this venv's Python, where distlab and torch are."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.connection_file = "unused.json"
+    argv = km.format_kernel_cmd()
+    assert Path(argv[0]).resolve() == Path(sys.executable).resolve(), argv
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_notebook_runs_clean(stem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    nb = _read(stem)
+    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()  # raises CellExecutionError on an error in a cell not tagged raises-exception
+
+    for cell in _code_cells(nb):
+        where = f"{stem}, cell {cell.get('id')}:\n{cell.source[:200]}"
+        stderr = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
+        assert not stderr, f"stderr output in {where}\n{''.join(stderr)}"
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if RAISES in cell.metadata.get("tags", []):
+            assert errors, f"expected this cell to fail on the ranks: {where}"
+            assert errors[0].ename in EXPECTED_FAILURES, f"{errors[0].ename} in {where}"
+        else:
+            assert not errors, f"error output in {where}"
