@@ -88,11 +88,15 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.jobs > 1:
         precompute(course, jobs, args.jobs, args.part_timeout)
+    failed = []
     for job in jobs:
-        course.autograde(job)
-    print(f"graded {len(jobs)} submissions in {time.monotonic() - started:.1f} s")
+        problem = course.autograde(job)
+        if problem is not None:
+            failed.append(job)
+            print(f"{job.student}: nbgrader could not autograde {job.notebook}:\n{problem}", file=sys.stderr)
+    print(f"graded {len(jobs) - len(failed)} of {len(jobs)} submissions in {time.monotonic() - started:.1f} s")
     _print_scores(course, {(j.student, j.assignment) for j in jobs})
-    return 0
+    return 1 if failed else 0
 
 
 def precompute(course: Course, jobs: Sequence[Job], workers: int, part_timeout: float) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ class Course:
     def __init__(self, root: Path = DEFAULT_ROOT, part_timeout: float | None = None,
                  results_dir: Path | None = None) -> None:
         put_venv_on_path()
+        # nbgrader 0.9 trips SQLAlchemy 2's autoflush warnings on every autograde; they are harmless
+        warnings.filterwarnings("ignore", message=".*not in session.*", module=r"nbgrader\.")
         self.root = Path(root).resolve()
         self.part_timeout = part_timeout
         self.results_dir = results_dir
@@ -134,10 +137,15 @@ class Course:
         shutil.copyfile(notebook, target)
         return Job(student, assignment, target)
 
-    def autograde(self, job: Job) -> str:
-        """nbgrader autograde for one submission (serially: the gradebook has one writer)."""
+    def autograde(self, job: Job) -> str | None:
+        """nbgrader autograde for one submission (serially: the gradebook has one writer).
+
+        Returns None on success, else nbgrader's log, so one broken notebook never stops the class.
+        """
         outcome = self.api().autograde(job.assignment, job.student, force=True, create=True)
-        return str(self._check(f"autograde {job.student}", outcome).get("log", ""))
+        if outcome.get("success"):
+            return None
+        return str(outcome.get("log") or outcome.get("error") or "nbgrader autograde failed")
 
     def feedback(self, assignment: str) -> Path:
         self._check(f"generate_feedback {assignment}", self.api().generate_feedback(assignment))

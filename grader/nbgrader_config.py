@@ -10,13 +10,16 @@ from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
     ClearHiddenTests,
+    ClearOutput,
+    DeduplicateIds,
     GetGrades,
     IgnorePattern,
     LimitOutput,
+    OverwriteKernelspec,
     SaveAutoGrades,
 )
 
-from distlab.grading.nbgrader_hooks import TrustedExecute
+from distlab.grading.nbgrader_hooks import RestoreDeletedTests, TrustedExecute
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 
@@ -33,8 +36,15 @@ c.Autograde.autograde_preprocessors = [
     CheckCellMetadata,
 ]
 c.TrustedExecute.part_timeout = 30.0
-# a deleted test cell is put back, and graded
-c.OverwriteCells.add_missing_cells = True
+# edited test cells are restored from the instructor's copy; deleted ones are put back and graded
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteKernelspec,
+    RestoreDeletedTests,
+    CheckCellMetadata,
+]
+c.RestoreDeletedTests.add_missing_cells = True
 # feedback shows why a part failed, never the hidden test code
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
 # in-kernel runs (nbgrader validate, the visible tests) start rank processes: give them time

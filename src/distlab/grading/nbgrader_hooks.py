@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from nbformat.v4 import new_output
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 from traitlets import Float, Unicode
 
 from distlab.grading import exercise
@@ -88,3 +88,34 @@ class TrustedExecute(NbGraderPreprocessor):
 def _error(name: str, message: str) -> Any:
     lines = message.splitlines() or [""]
     return new_output("error", ename=name, evalue=lines[0], traceback=[f"{name}: {lines[0]}", *lines[1:]])
+
+
+class RestoreDeletedTests(OverwriteCells):
+    """nbgrader's OverwriteCells, with a sturdier way of putting deleted test cells back.
+
+    nbgrader 0.9 inserts a deleted grade cell after the source cell that preceded it and fails
+    with a KeyError (leaving the whole submission ungraded) when that cell is a locked markdown
+    cell or was deleted too. Here it goes after the nearest earlier source cell still present,
+    or first if there is none.
+    """
+
+    def add_missing_grade_cells(self, nb: Any, resources: Any) -> tuple[Any, Any]:
+        source_nb = self.gradebook.find_notebook(self.notebook_id, self.assignment_id)
+        order = [cell.name for cell in source_nb.source_cells]
+        solutions = {cell.name for cell in source_nb.solution_cells}
+        for grade_cell in source_nb.grade_cells:
+            present = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}
+            if grade_cell.name in present:
+                continue
+            self.log.warning("Missing grade cell %s: putting it back", grade_cell.name)
+            source = source_nb.source_cells[order.index(grade_cell.name)]
+            cell = self.missing_cell_transform(source, grade_cell.max_score,
+                                               is_solution=grade_cell.name in solutions)
+            cell["id"] = f"{grade_cell.name}-restored"[:64]
+            earlier = order[: order.index(grade_cell.name)]
+            position = 0
+            for index, existing in enumerate(nb.cells):
+                if existing.metadata.get("nbgrader", {}).get("grade_id") in earlier:
+                    position = index + 1
+            nb.cells.insert(position, cell)
+        return nb, resources

@@ -57,41 +57,53 @@ class _CaseSink:
 def run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Batch,
               timeout: float) -> str | None:
     """Run one batch on fresh ranks; None when every case is right, else feedback text."""
+    return _run_batch(exercise, submission, part, batch, timeout)[0]
+
+
+def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Batch,
+               timeout: float) -> tuple[str | None, bool]:
+    """(feedback or None, whether any rank got as far as calling the student's function)."""
     sink = _CaseSink()
     pool = Pool(batch.world_size, "gloo", sink=sink)
     try:
         dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(timeout, 0.1))
     except RankTimeout as exc:
         if exc.failures:
-            return _failures_text(exc.failures, sink, submission)
-        return _hang_text(exc, sink, submission, timeout)
+            return _failures_text(exc.failures, sink, submission), bool(sink.case)
+        return _hang_text(exc, sink, submission, timeout), bool(sink.case)
     except RankError as exc:
-        return _failures_text(exc.failures, sink, submission)
+        return _failures_text(exc.failures, sink, submission), bool(sink.case)
     except PoolDied as exc:
-        return f"world_size={batch.world_size}: the ranks could not run ({exc})"
+        return f"world_size={batch.world_size}: the ranks could not run ({exc})", False
     finally:
         pool.stop()
     try:
         records = [plain_loads(dones[r].value) for r in sorted(dones)]
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
-        return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})"
-    return exercise.judge(part, batch, records)
+        return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})", True
+    return exercise.judge(part, batch, records), True
 
 
 def grade_part(exercise: Exercise, submission: Submission, part: Part,
                budget: float = DEFAULT_PART_TIMEOUT) -> PartResult:
     """All batches of one part share one time budget; the first failing case decides."""
+    return _grade_part(exercise, submission, part, budget)[0]
+
+
+def _grade_part(exercise: Exercise, submission: Submission, part: Part,
+                budget: float) -> tuple[PartResult, bool]:
     started = time.monotonic()
     deadline = started + budget
+    cases = sum(len(b.cases) for b in part.batches)
     for batch in part.batches:
         left = deadline - time.monotonic()
-        message = run_batch(exercise, submission, part, batch, left) if left > 0 else (
-            f"not run: the part's {budget:g} s budget was used up")
+        if left <= 0:
+            return PartResult(part.name, False, f"not run: the part's {budget:g} s budget was used up",
+                              time.monotonic() - started, cases), True
+        message, reached = _run_batch(exercise, submission, part, batch, left)
         if message:
-            return PartResult(part.name, False, _cut(message), time.monotonic() - started,
-                              sum(len(b.cases) for b in part.batches))
-    return PartResult(part.name, True, "", time.monotonic() - started,
-                      sum(len(b.cases) for b in part.batches))
+            return PartResult(part.name, False, _cut(message), time.monotonic() - started, cases), reached
+    return PartResult(part.name, True, "", time.monotonic() - started, cases), True
 
 
 def warm_up() -> None:
@@ -115,8 +127,16 @@ def grade_submission(exercise: Exercise, source: str, part_timeout: float = DEFA
     submission = Submission(exercise.function, exercise.setup_source, source)
     chosen = [exercise.part(p) for p in parts] if parts is not None else list(exercise.parts)
     result = SubmissionResult(exercise.assignment, source_digest(source))
+    broken: str | None = None
     for part in chosen:
-        result.parts.append(grade_part(exercise, submission, part, part_timeout))
+        if broken is not None:
+            # the submission failed before any case could run: it would again, in every part
+            result.parts.append(PartResult(part.name, False, broken, 0.0, 0))
+            continue
+        outcome, reached = _grade_part(exercise, submission, part, part_timeout)
+        result.parts.append(outcome)
+        if not reached:
+            broken = outcome.message
     result.seconds = time.monotonic() - started
     return result
 
