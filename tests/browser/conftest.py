@@ -16,7 +16,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from labserver import REPO, LabServer, start_lab, stop_lab
+from labserver import SCRATCH, SCREENSHOTS, LabServer, start_lab, stop_lab
 from notebook_page import NotebookPage
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -30,10 +30,6 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 SKIP_REASON = "browser tests need Debian's Chromium at /usr/bin/chromium: apt-get install chromium"
-SCREENSHOTS = REPO / "artifacts" / "screenshots"
-# Scratch notebooks the tests write live under the served root (git-ignored), so the browser
-# opens them exactly like course notebooks.
-SCRATCH = REPO / "artifacts" / "browser"
 # The lab extensions the kit needs, as they name themselves in console messages.
 KIT_EXTENSIONS = ("jupyter-widgets", "jupyterlab-manager", "ipywidgets", "widget", "nbgrader")
 
@@ -63,9 +59,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
     workspaces = base / "workspaces"
     workspaces.mkdir()
+    # opening a notebook writes a checkpoint next to it; an absolute checkpoint dir keeps
+    # them out of the repo
+    checkpoints = base / "checkpoints"
     server = start_lab(
         base / "lab.log",
-        lab_flags=f"--LabApp.user_settings_dir={user_settings} --LabApp.workspaces_dir={workspaces}",
+        lab_flags=(
+            f"--LabApp.user_settings_dir={user_settings} --LabApp.workspaces_dir={workspaces} "
+            f"--FileCheckpoints.checkpoint_dir={checkpoints}"
+        ),
     )
     try:
         yield server
@@ -147,9 +149,12 @@ def lab_ui(lab: LabServer, browser: Any, request: pytest.FixtureRequest) -> Iter
     try:
         yield ui
     finally:
-        context.close()
-        lab.shutdown_kernels()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        try:  # the page as the test left it: the first thing to look at when one fails
+            page.screenshot(path=str(SCREENSHOTS / f"{request.node.name}.last.png"))
+        finally:
+            context.close()
+            lab.shutdown_kernels()
         (SCREENSHOTS / f"{request.node.name}.console.log").write_text("\n".join(ui.console) + "\n")
 
 

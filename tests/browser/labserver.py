@@ -24,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+# What the browser suite leaves behind, git-ignored: screenshots, page consoles, the lab log;
+# and scratch notebooks, written under the served root so the browser opens them like
+# course notebooks.
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+SCRATCH = REPO / "artifacts" / "browser"
 # JupyterLab logs "http://127.0.0.1:<port>/lab...?token=..." once it listens; LAB_PORT=0 lets the
 # OS choose a free port, so two test runs (or a learner's own lab) never collide.
 _URL_RE = re.compile(r"http://127\.0\.0\.1:(\d+)/")

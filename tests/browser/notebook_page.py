@@ -107,6 +107,19 @@ class NotebookPage:
         )
         return [(int(i), str(text)) for i, text in found]
 
+    def set_source(self, index: int, source: str) -> None:
+        """Replace cell `index`'s code as a learner would: click in, select all, type.
+
+        insert_text types the whole text in one input event, like a paste, so the editor
+        adds no auto-indentation or closing brackets of its own.
+        """
+        editor = self.cells.nth(index).locator(".jp-InputArea-editor .cm-content")
+        editor.scroll_into_view_if_needed()
+        editor.click()
+        self.page.keyboard.press("Control+a")
+        self.page.keyboard.insert_text(source)
+        self.page.keyboard.press("Escape")
+
     # -- running -----------------------------------------------------------------------------
 
     def select(self, index: int) -> None:
