@@ -79,9 +79,9 @@ def ring_frames(source: Any) -> list[Frame]:
                                 [s[k] for s in per_rank if k < len(s)]))
     prev: list[list[Any] | None] = [None] * n
     for f in frames:
-        changed = [{i for i, (a, b) in enumerate(zip(p, c)) if a != b} if p and c else set()
-                   for p, c in zip(prev, f.buffers)]
-        f.received = [r or c for r, c in zip(f.received or changed, changed)]
+        changed = [{i for i, (a, b) in enumerate(zip(p, c, strict=False)) if a != b} if p and c else set()
+                   for p, c in zip(prev, f.buffers, strict=True)]
+        f.received = [r or c for r, c in zip(f.received or changed, changed, strict=True)]
         f.sent = f.sent or [set() for _ in range(n)]
         for m in f.messages:  # no range given: the sender sent what the receiver changed
             dst = m["dst"]

@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distlab.costmodel import bus_factor
+from distlab.volume import p2p_messages, tensors, volume
 
 TENSOR_OPS = (
     "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast", "scatter", "gather",
@@ -72,111 +73,6 @@ _groups: dict[int, tuple[Any, list[int], int, int]] = {}  # id(group) -> (group,
 _lock = threading.Lock()
 _local = threading.local()
 _seq = itertools.count()
-
-
-def _nb(t: Any) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
-def _nbl(ts: Any, skip: int = -1) -> int:
-    return sum(_nb(t) for i, t in enumerate(ts or ()) if i != skip)
-
-
-def _global(group: Any, a: dict[str, Any], name: str) -> int | None:
-    """The global rank named by ``src``/``dst``/``peer`` or its ``group_*`` form."""
-    if a.get(name) is not None:
-        return int(a[name])
-    g = a.get("group_" + name)
-    if g is None:
-        return None
-    return int(dist.get_global_rank(group or dist.group.WORLD, g))  # type: ignore[arg-type]
-
-
-def _split_bytes(t: Any, splits: Any, n: int, me: int) -> int:
-    """Bytes of rank ``me``'s own slice of an all_to_all_single buffer."""
-    if not isinstance(t, torch.Tensor) or n == 0 or me < 0:
-        return 0
-    if not splits:
-        return _nb(t) // n
-    return int(splits[me]) * (_nb(t) // max(t.shape[0], 1))
-
-
-def _volume(op: str, a: dict[str, Any], n: int, me: int,
-            my_global: int) -> tuple[int, int, int, int | None]:
-    """(size, sent, recv, peer) of one call on a rank of group rank ``me`` in ``n`` ranks."""
-    group = a.get("group")
-    if op in ("send", "isend"):
-        return _nb(a["tensor"]), _nb(a["tensor"]), 0, _global(group, a, "dst")
-    if op in ("recv", "irecv"):
-        return _nb(a["tensor"]), 0, _nb(a["tensor"]), _global(group, a, "src")
-    if op == "all_reduce":
-        s = _nb(a["tensor"])
-        v = round(2 * (n - 1) * s / n)
-        return s, v, v, None
-    if op == "all_reduce_coalesced":
-        s = _nbl(a["tensors"])
-        v = round(2 * (n - 1) * s / n)
-        return s, v, v, None
-    if op in ("broadcast", "reduce"):
-        s, root_name = _nb(a["tensor"]), ("src" if op == "broadcast" else "dst")
-        root = _global(group, a, root_name)
-        i_am_root = root == my_global
-        root_moves, other_moves = (n - 1) * s, s
-        if op == "broadcast":
-            return s, root_moves if i_am_root else 0, 0 if i_am_root else other_moves, root
-        return s, 0 if i_am_root else other_moves, root_moves if i_am_root else 0, root
-    if op in ("scatter", "gather"):
-        one = _nb(a["tensor"])
-        root = _global(group, a, "src" if op == "scatter" else "dst")
-        i_am_root = root == my_global
-        if op == "scatter":
-            return n * one, (n - 1) * one if i_am_root else 0, 0 if i_am_root else one, root
-        return n * one, 0 if i_am_root else one, (n - 1) * one if i_am_root else 0, root
-    if op == "all_gather":
-        one = _nb(a["tensor"])
-        return _nbl(a["tensor_list"]), (n - 1) * one, _nbl(a["tensor_list"], me), None
-    if op in ("all_gather_single", "all_gather_into_tensor"):
-        out, inp = _nb(a["output_tensor"]), _nb(a["input_tensor"])
-        return out, (n - 1) * inp, out - inp, None
-    if op == "reduce_scatter":
-        return _nbl(a["input_list"]), _nbl(a["input_list"], me), (n - 1) * _nb(a["output"]), None
-    if op in ("reduce_scatter_single", "reduce_scatter_tensor"):
-        out, inp = _nb(a["output"]), _nb(a["input"])
-        return inp, inp - out, (n - 1) * out, None
-    if op == "all_to_all":
-        ins, outs = a["input_tensor_list"], a["output_tensor_list"]
-        return _nbl(ins), _nbl(ins, me), _nbl(outs, me), None
-    if op == "all_to_all_single":
-        inp, out = a["input"], a["output"]
-        mine_in = _split_bytes(inp, a.get("input_split_sizes"), n, me)
-        mine_out = _split_bytes(out, a.get("output_split_sizes"), n, me)
-        return _nb(inp), _nb(inp) - mine_in, _nb(out) - mine_out, None
-    return 0, 0, 0, None  # barrier, monitored_barrier, *_object (filled from inner calls)
-
-
-def _p2p(op: str, a: dict[str, Any], peer: int | None, nbytes: int) -> list[dict[str, Any]]:
-    if op in ("send", "isend", "recv", "irecv"):
-        d = "send" if op in ("send", "isend") else "recv"
-        return [{"dir": d, "peer": peer, "bytes": nbytes, "tag": int(a.get("tag", 0))}]
-    if op != "batch_isend_irecv":
-        return []
-    out = []
-    for p in a["p2p_op_list"]:
-        name = getattr(p.op, "__name__", "")
-        d = "send" if name == "isend" else "recv"
-        out.append({"dir": d, "peer": int(p.peer), "bytes": _nb(p.tensor), "tag": int(p.tag)})
-    return out
-
-
-def _tensors(a: dict[str, Any]) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for v in a.values():
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found.extend(x for x in v if isinstance(x, torch.Tensor))
-            found.extend(p.tensor for p in v if isinstance(p, dist.P2POp))
-    return found
 
 
 class TracedWork:
@@ -218,13 +114,13 @@ def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, An
         group = a["p2p_op_list"][0].group
     ranks, me, my_global = _group_info(group)
     n = len(ranks)
-    size, sent, recv, peer = _volume(op, a, n, me, my_global)
-    p2p = _p2p(op, a, peer, size)
+    size, sent, recv, peer = volume(op, a, n, me, my_global)
+    p2p = p2p_messages(op, a, peer, size)
     if op == "batch_isend_irecv":
         sent = sum(p["bytes"] for p in p2p if p["dir"] == "send")
         recv = sum(p["bytes"] for p in p2p if p["dir"] == "recv")
         size = sent + recv
-    ts = _tensors(a)
+    ts = tensors(a)
     red = a.get("op", dist.ReduceOp.SUM) if op in _REDUCING else None
     is_async = bool(a.get("async_op", False)) or op in ("isend", "irecv", "batch_isend_irecv")
     return {

@@ -227,7 +227,7 @@ class BufferGrid:
 
     def __repr__(self) -> str:
         lines = [self.title] if self.title else []
-        for label, rows in zip(self.labels, self.rows):
+        for label, rows in zip(self.labels, self.rows, strict=False):
             lines += [f"{label}: {[_fmt(v) for v in row]}".replace("'", "") for row in rows]
         return "\n".join(lines)
 
