@@ -29,11 +29,14 @@ CHROMIUM_ARGS = [
     "--disable-quic",
     "--no-first-run",
 ]
-SKIP_REASON = "browser tests need Debian's Chromium at /usr/bin/chromium: apt-get install chromium"
+SKIP_REASON = "needs Debian's Chromium at /usr/bin/chromium: apt-get install chromium"
 # The lab extensions the kit needs, as they name themselves in console messages.
 KIT_EXTENSIONS = ("jupyter-widgets", "jupyterlab-manager", "ipywidgets", "widget", "nbgrader")
 
 _HERE = Path(__file__).resolve().parent
+
+
+_skipped: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -43,6 +46,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(skip)
+            _skipped.append(item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # `pytest -q` hides skip reasons; say once, in every run, why the browser suite did not run
+    if _skipped:
+        terminalreporter.write_line(f"{len(_skipped)} browser tests skipped: {SKIP_REASON}", yellow=True)
 
 
 @pytest.fixture(scope="session")

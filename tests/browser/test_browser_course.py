@@ -32,6 +32,9 @@ def test_welcome_runs_on_four_ranks_without_errors(lab_ui):
     shown = {i for i, _ in nb.error_outputs()}
     assert shown <= expected_failures, nb.error_outputs()
 
+    # the kit answers JupyterLab's "official Jupyter news?" question for the learner
+    assert not nb.page.get_by_text("official Jupyter news").count(), "news pop-up shown"
+
     hello = nb.find_cell("hello from rank")
     nb.cells.nth(hello).scroll_into_view_if_needed()
     nb.screenshot("welcome_ran_all")
