@@ -41,7 +41,7 @@ def ring4() -> Any:
 
 
 @pytest.mark.slow
-def test_fixture_notebook_renders_timeline_table_buffers_and_stepper() -> None:
+def test_fixture_notebook_renders_timeline_table_buffers_stepper_and_bench() -> None:
     nb = nbformat.read(FIXTURE, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # committed clean
     nbclient.NotebookClient(nb, timeout=180, kernel_name="python3").execute()
@@ -52,12 +52,16 @@ def test_fixture_notebook_renders_timeline_table_buffers_and_stepper() -> None:
     def kinds(cell: list[dict[str, Any]]) -> list[str]:
         return [k for o in cell for k in o.get("data", {})]
 
-    _imports, traced, buffers, stepper, _load, magic, _stop = outputs
+    _imports, traced, buffers, stepper, sweep, fit, _load, magic, _stop = outputs
     assert "image/png" in kinds(traced) and "text/html" in kinds(traced)
     table = next(o["data"]["text/html"] for o in traced if "text/html" in o.get("data", {}))
     assert all(f"<caption>rank {r}</caption>" in table for r in range(3)) and "isend" in table
     assert "before all_reduce" in buffers[0]["data"]["text/html"]
     assert WIDGET in kinds(stepper)
+    # bench.sweep in a notebook: a progress bar, the table, then the alpha-beta plot
+    assert WIDGET in kinds(sweep)
+    assert any("busbw(GB/s)" in o.get("text", "") for o in sweep)
+    assert "image/png" in kinds(fit)
     # %%dist --trace: each rank's display() of a grid, then the timeline and table
     htmls = [o["data"]["text/html"] for o in magic if "text/html" in o.get("data", {})]
     assert any("seen on rank 0" in h for h in htmls) and any("seen on rank 1" in h for h in htmls)

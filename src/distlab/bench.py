@@ -197,6 +197,9 @@ def plot_bandwidth(rows: Sequence[Row]) -> Figure:
     """busbw against message size, one line per (op, world size)."""
     from matplotlib.figure import Figure
 
+    from distlab.viz import enable_figure_display
+
+    enable_figure_display()
     fig = Figure(figsize=(7, 4), dpi=90)
     ax = fig.add_subplot()
     for key in dict.fromkeys((r["op"], r["world_size"]) for r in rows):
@@ -216,6 +219,9 @@ def plot_fit(rows: Sequence[Row]) -> Figure:
     """Measured time per call and the fitted alpha + beta * size model over it (log-log)."""
     from matplotlib.figure import Figure
 
+    from distlab.viz import enable_figure_display
+
+    enable_figure_display()
     fig = Figure(figsize=(7, 4), dpi=90)
     ax = fig.add_subplot()
     for key, model in fits(rows).items():

@@ -46,14 +46,33 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def png_bytes(fig: Figure) -> bytes:
+    """Render a figure to PNG with the Agg canvas (no pyplot, no backend needed)."""
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()
+
+
+def enable_figure_display() -> None:
+    """Let a bare ``Figure`` (made without pyplot, as every figure here is) show as a PNG
+    when it is a cell's value; IPython only learns that when pyplot is imported."""
+    if not in_kernel():
+        return
+    from IPython import get_ipython
+
+    formatter = get_ipython().display_formatter.formatters["image/png"]  # type: ignore[union-attr]
+    try:
+        formatter.lookup_by_type(Figure)
+    except KeyError:
+        formatter.for_type(Figure, png_bytes)
+
+
 class PNG:
     """A rendered figure: displays as PNG in the kernel and through a rank's ``display``."""
 
     def __init__(self, fig: Figure) -> None:
         self.figure = fig
-        buf = io.BytesIO()
-        FigureCanvasAgg(fig).print_png(buf)
-        self.data = buf.getvalue()
+        self.data = png_bytes(fig)
 
     def _repr_png_(self) -> bytes:
         return self.data
@@ -105,6 +124,7 @@ def timeline_figure(traces: Trace, title: str | None = None) -> Figure:
     """One lane per rank, one box per call (hatched tail: async call until its wait
     returned), arrows from each send to its matching receive. Times in ms from the first call.
     """
+    enable_figure_display()
     calls = _calls(traces)
     starts = [r["t_start"] for rank in calls for r in rank]
     t0 = min(starts) if starts else 0.0
