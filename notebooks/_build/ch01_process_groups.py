@@ -93,11 +93,16 @@ CELLS = [
 
         Now form a team of 2 without the magic. The script below is an ordinary training-script
         start: read rank and world size, call `init_process_group`, do one `all_reduce`, and call
-        `destroy_process_group` at the end. We launch it twice (rank 0 and rank 1) as separate
-        Python processes, once per init method.
+        `destroy_process_group` to leave. It does that three times, once per meeting point:
 
-        Real jobs use a launcher for this, usually `torchrun`, which starts the processes and sets
-        the `env://` variables (`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`).
+        - `file://PATH`: a file both processes can see. No port, so nothing can collide.
+        - `tcp://ADDRESS:PORT`: where rank 0 listens. We use loopback, `127.0.0.1`.
+        - `env://` (the default): the address and port come from the environment variables
+          `MASTER_ADDR` and `MASTER_PORT`.
+
+        We launch the script twice (rank 0 and rank 1) as separate Python processes. Real jobs use
+        a launcher for this, usually `torchrun`, which starts the processes and sets the `env://`
+        variables (`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`).
         """
     ),
     code(
@@ -114,26 +119,27 @@ CELLS = [
             import torch
             import torch.distributed as dist
 
-            rank, world_size, init_method = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-            dist.init_process_group("gloo", init_method=init_method,
-                                    rank=rank, world_size=world_size)
-            t = torch.tensor([rank + 1])
-            dist.all_reduce(t)  # every rank: 1 + 2 = 3
-            scheme = init_method.split(":")[0]
-            print(f"{scheme}: rank {dist.get_rank()} of {dist.get_world_size()}, sum {t.item()}")
-            dist.destroy_process_group()  # close the phone lines before exiting
+            rank, world_size = int(sys.argv[1]), int(sys.argv[2])
+            for init_method in sys.argv[3:]:
+                dist.init_process_group("gloo", init_method=init_method,
+                                        rank=rank, world_size=world_size)
+                t = torch.tensor([rank + 1])
+                dist.all_reduce(t)  # every rank: 1 + 2 = 3
+                scheme = init_method.split(":")[0]
+                print(f"{scheme}: rank {dist.get_rank()} of {dist.get_world_size()}, sum {t.item()}")
+                dist.destroy_process_group()  # leave the team (and close its connections)
         """)
 
 
-        def launch(init_method, world_size=2, env=None):
-            """Start one process per rank, wait for all, return their printed lines."""
+        def launch(init_methods, world_size=2, env=None):
+            """Start one process per rank, wait for all, return every line they printed."""
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "train.py")
                 with open(path, "w") as f:
                     f.write(SCRIPT)
                 procs = [
                     subprocess.Popen(
-                        [sys.executable, path, str(r), str(world_size), init_method],
+                        [sys.executable, path, str(r), str(world_size), *init_methods],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                         env={**os.environ, **(env or {})},
                     )
@@ -143,7 +149,7 @@ CELLS = [
             for p, (out, err) in zip(procs, results):
                 if p.returncode != 0:
                     raise RuntimeError(err)
-            return [out.strip() for out, _ in results]
+            return [line for out, _ in results for line in out.splitlines()]
 
 
         def free_port():
@@ -153,39 +159,12 @@ CELLS = [
                 return s.getsockname()[1]
         '''
     ),
-    md(
-        """
-        `file://`: a file both processes can see. No port is needed, so nothing can collide.
-        """
-    ),
     code(
         """
         with tempfile.TemporaryDirectory() as tmp:
-            for line in launch(f"file://{tmp}/rendezvous"):
-                print(line)
-        """
-    ),
-    md(
-        """
-        `tcp://`: the address and port where rank 0 listens. We use loopback, `127.0.0.1`.
-        """
-    ),
-    code(
-        """
-        for line in launch(f"tcp://127.0.0.1:{free_port()}"):
-            print(line)
-        """
-    ),
-    md(
-        """
-        `env://` (the default): the address and port come from environment variables. This is
-        what `torchrun` sets up for you.
-        """
-    ),
-    code(
-        """
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        lines = launch("env://", env=env)
+            methods = [f"file://{tmp}/rendezvous", f"tcp://127.0.0.1:{free_port()}", "env://"]
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+            lines = launch(methods, env=env)
         for line in lines:
             print(line)
         """
@@ -329,7 +308,8 @@ CELLS = [
         pulled = %dist_pull s
         got = [t.item() for t in pulled]
         assert got == expected, (got, expected)
-        assert lines == [f"env: rank {r} of 2, sum 3" for r in range(2)], lines
+        assert lines == [f"{m}: rank {r} of 2, sum 3" for r in range(2)
+                         for m in ("file", "tcp", "env")], lines
         print("self-check passed:", got)
         """
     ),

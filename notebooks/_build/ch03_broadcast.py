@@ -137,8 +137,9 @@ CELLS = [
     ),
     md(
         """
-        Object collectives pickle, copy bytes twice and (with NCCL) move them to the GPU and back.
-        Use them for small control data, never for tensors you could send directly.
+        Object collectives pickle the objects, send their sizes and then their bytes as tensors,
+        and (with NCCL) copy those to the GPU and back. Use them for small control data, never for
+        tensors you could send directly.
 
         ### Not waiting: `async_op=True`
 

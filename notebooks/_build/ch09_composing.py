@@ -79,8 +79,8 @@ CELLS = [
         """
         ### The ring, step by step
 
-        `distlab.algorithms.ring_all_reduce` implements the ring with nothing but `isend` and
-        `recv`. Each rank cuts its buffer into `n` chunks. In reduce-scatter step *s*, rank *r*
+        `distlab.algorithms.ring_all_reduce` implements the ring with nothing but the
+        point-to-point calls of notebook 02 (`irecv` from the left, `isend` to the right). Each rank cuts its buffer into `n` chunks. In reduce-scatter step *s*, rank *r*
         sends chunk `(r - s) mod n` right and adds the chunk arriving from the left. After
         `n - 1` steps, rank *r* holds the finished sum of chunk `(r + 1) mod n`. Then `n - 1`
         all-gather steps pass the finished chunks around.
