@@ -200,7 +200,7 @@ def plot_bandwidth(rows: Sequence[Row]) -> Figure:
     from distlab.viz import enable_figure_display
 
     enable_figure_display()
-    fig = Figure(figsize=(7, 4), dpi=90)
+    fig = Figure(figsize=(9.5, 4), dpi=90)
     ax = fig.add_subplot()
     for key in dict.fromkeys((r["op"], r["world_size"]) for r in rows):
         series = [r for r in rows if (r["op"], r["world_size"]) == key]
@@ -210,7 +210,7 @@ def plot_bandwidth(rows: Sequence[Row]) -> Figure:
            title="bus bandwidth")
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -222,7 +222,7 @@ def plot_fit(rows: Sequence[Row]) -> Figure:
     from distlab.viz import enable_figure_display
 
     enable_figure_display()
-    fig = Figure(figsize=(7, 4), dpi=90)
+    fig = Figure(figsize=(9.5, 4), dpi=90)
     ax = fig.add_subplot()
     for key, model in fits(rows).items():
         series = [r for r in rows if (r["op"], r["world_size"]) == key]
@@ -234,7 +234,7 @@ def plot_fit(rows: Sequence[Row]) -> Figure:
     ax.set(yscale="log", xlabel="message size (bytes)", ylabel="time per call (us)",
            title="alpha-beta model: t = alpha + beta * bytes")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
