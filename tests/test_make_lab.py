@@ -1,14 +1,15 @@
 """`make lab` is the learner's one command: it must serve the course, safely, and stop on Ctrl-C.
 
-One real `make lab` (LAB_PORT=0, a token, --no-browser) serves every test here; the last test
-stops it with Ctrl-C (SIGINT to make's process group, as a terminal would send it).
+One real `make lab` (LAB_PORT=0, a token, --no-browser) serves every test here, with one
+kernel running `%%dist` ranks in it, as after a learner's first cells. The last test stops it
+with Ctrl-C (SIGINT to make's process group, as a terminal sends it) and checks that the
+server, the kernel and every rank are gone.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -17,8 +18,28 @@ from pathlib import Path
 
 import pytest
 from browser.labserver import LabServer, group_alive, port_is_free, start_lab, stop_lab
+from jupyter_client.blocking import BlockingKernelClient
+from jupyter_core.paths import jupyter_runtime_dir
+from procs import listening_addresses, parent, wait_gone
 
 NOTIFICATION_PLUGIN = "@jupyterlab/apputils-extension:notification"
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (children, their children, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(parent(int(entry)), []).append(int(entry))
+            except OSError:  # exited while we looked
+                continue
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +49,30 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
         yield server
     finally:
         stop_lab(server)  # a no-op once the Ctrl-C test has stopped it
+
+
+@pytest.fixture(scope="module")
+def rank_output(lab: LabServer) -> Iterator[str]:
+    """Start a kernel in the lab and run a `%%dist -n 2` cell in it; yields what it printed."""
+    kernel_id = lab.api("POST", "api/kernels", {"name": "python3"})["id"]
+    client = BlockingKernelClient()
+    client.load_connection_file(os.path.join(jupyter_runtime_dir(), f"kernel-{kernel_id}.json"))
+    client.start_channels(hb=False)  # the server, not this test, watches the heartbeat
+    printed: list[str] = []
+
+    def collect(msg: dict) -> None:
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append("\n".join(msg["content"]["traceback"]))
+
+    try:
+        client.wait_for_ready(timeout=120)
+        for code in ("%load_ext distlab", "%%dist -n 2\nprint('ready', rank)"):
+            client.execute_interactive(code, timeout=120, output_hook=collect)
+        yield "".join(printed)
+    finally:
+        client.stop_channels()
 
 
 def test_serves_the_course_notebooks(lab: LabServer) -> None:
@@ -55,14 +100,6 @@ def test_needs_the_token(lab: LabServer) -> None:
     assert denied.value.code in (401, 403)
 
 
-def test_listens_on_loopback_only(lab: LabServer) -> None:
-    # Linux routes all of 127/8 to lo: a server bound to every interface would answer on
-    # 127.0.0.2 too; one bound to 127.0.0.1 refuses it.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(5)
-        assert sock.connect_ex(("127.0.0.2", lab.port)) != 0
-
-
 def test_does_not_ask_about_jupyter_news(lab: LabServer) -> None:
     # JupyterLab pops up "Would you like to get notified about official Jupyter news?" over
     # the first notebook unless fetchNews is decided; the kit decides it (jupyter_config/).
@@ -71,15 +108,30 @@ def test_does_not_ask_about_jupyter_news(lab: LabServer) -> None:
     assert schema["checkForUpdates"]["default"] is False
 
 
-def test_ctrl_c_stops_server_and_frees_port(lab: LabServer) -> None:
+def test_a_kernel_in_the_lab_runs_ranks(rank_output: str) -> None:
+    assert "[rank 0] ready 0" in rank_output and "[rank 1] ready 1" in rank_output, rank_output
+
+
+def test_listens_on_loopback_only(lab: LabServer, rank_output: str) -> None:
+    # the server, the kernel and the ranks: every TCP socket they listen on is on 127.0.0.1
+    addresses = {pid: listening_addresses(pid) for pid in descendants(lab.proc.pid)}
+    everything = [a for found in addresses.values() for a in found]
+    assert f"127.0.0.1:{lab.port}" in everything, addresses
+    assert all(a.startswith("127.0.0.1:") for a in everything), addresses
+
+
+def test_ctrl_c_stops_server_kernel_and_ranks(lab: LabServer, rank_output: str) -> None:
+    started = descendants(lab.proc.pid)  # make's shell, the server, the kernel, its ranks
     os.killpg(lab.proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends to make's group
-    returncode = lab.proc.wait(timeout=30)
+    returncode = lab.proc.wait(timeout=60)
     # make re-raises the SIGINT it got, like any program stopped by Ctrl-C
     assert returncode in (-signal.SIGINT, 128 + signal.SIGINT), returncode
-    deadline = time.monotonic() + 10
+    left = wait_gone(started, within=20)
+    assert not left, f"still running after Ctrl-C: {left}"
+    deadline = time.monotonic() + 5
     while group_alive(lab.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not group_alive(lab.proc.pid), "processes of `make lab` outlived Ctrl-C"
+    assert not group_alive(lab.proc.pid)
     assert port_is_free(lab.port)
     log = Path(lab.log_path).read_text(errors="replace")
     assert "Traceback" not in log, log
