@@ -19,7 +19,7 @@ back to the trusted grader without unpickling anything the submission could have
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -109,16 +109,6 @@ class CommGuard:
 
         return watched
 
-    def _tampering(self, recorder: _Recorder) -> list[str]:
-        problems = []
-        stack = _get_current_dispatch_mode_stack()
-        if not stack or stack[-1] is not recorder:
-            problems.append("the dispatch recorder was removed")
-        for cls, name, wrapper in self._hooks:
-            if vars(cls).get(name) is not wrapper:
-                problems.append(f"{cls.__name__}.{name} was replaced")
-        return problems
-
     @contextmanager
     def watch(self) -> Iterator[dict[str, list[Any]]]:
         """Record the communication of the enclosed code: ``{"ops": [...], "violations": [...]}``.
@@ -128,19 +118,25 @@ class CommGuard:
         """
         log: dict[str, list[Any]] = {"ops": [], "violations": []}
         recorder = _Recorder(log["ops"])
-        with ExitStack() as stack:
-            python_calls = stack.enter_context(_python_recording())
+        with _python_recording() as python_calls:
             self._armed = log["ops"]
+            recorder.__enter__()
             try:
-                with recorder:
-                    try:
-                        yield log
-                    finally:
-                        log["violations"].extend(self._tampering(recorder))
+                yield log
             finally:
                 self._armed = None
+                stack = _get_current_dispatch_mode_stack()
+                if stack and stack[-1] is recorder:
+                    recorder.__exit__(None, None, None)
+                else:  # popped, or buried under a mode of the submission's own
+                    log["violations"].append("the dispatch recorder was removed")
+                log["violations"].extend(self._replaced_hooks())
         for call in python_calls:
             log["ops"].append({"via": "python", "op": str(call.get("op", "?")), "out": 0, "in": 0})
+
+    def _replaced_hooks(self) -> list[str]:
+        return [f"{cls.__name__}.{name} was replaced" for cls, name, wrapper in self._hooks
+                if vars(cls).get(name) is not wrapper]
 
 
 @contextmanager

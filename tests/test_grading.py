@@ -1,0 +1,214 @@
+"""The grading checks on their own: real ranks, real tensors, no nbgrader (see test_grading_contract)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import nbformat
+import pytest
+import torch
+
+import distlab
+import distlab.grading
+from distlab.grading import compare, exercise, harness, runner
+from distlab.grading import ex1_all_reduce_rs_ag as ex1
+from distlab.grading.extract import solution_source
+from distlab.grading.spec import PartResult, SubmissionResult
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE = REPO / "solutions" / "ex1_all_reduce_rs_ag" / "ex1_all_reduce_rs_ag.ipynb"
+EX1 = exercise("ex1")
+# functions below go to the ranks by value, as a notebook's would (not as an import of this file)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _answer(nb_path: Path) -> str:
+    return solution_source(nbformat.read(nb_path, as_version=4), EX1)
+
+
+def reference_all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
+    """A correct answer, written as a student would (single-tensor forms, padding)."""
+    import torch
+    import torch.distributed as dist
+
+    op = dist.ReduceOp.SUM if op is None else op
+    world = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    chunk = -(-flat.numel() // world)
+    padded = torch.zeros(chunk * world, dtype=tensor.dtype)
+    padded[: flat.numel()] = flat
+    mine = torch.empty(chunk, dtype=tensor.dtype)
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    rs(mine, padded, op=op, group=group)
+    ag(padded, mine, group=group)
+    tensor.copy_(padded[: flat.numel()].reshape(tensor.shape))
+
+
+def sums_locally(tensor: Any, op: Any = None, group: Any = None) -> None:
+    """Wrong: never communicates, so every rank keeps its own tensor doubled."""
+    tensor.mul_(2)
+
+
+# --- trusted-side comparisons ---------------------------------------------------------------------
+def test_tensors_travel_as_bytes_and_compare_exactly() -> None:
+    want = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    record = harness.tensor_record(want.clone())
+    assert set(record) == {"type", "dtype", "shape", "data"} and isinstance(record["data"], bytes)
+    assert compare.tensor_problem(record, want, exact=True) is None
+    assert compare.tensor_problem(harness.tensor_record(torch.tensor(3)), torch.tensor(3), exact=True) is None
+
+    off = want.clone()
+    off[1, 2] += 1
+    text = compare.tensor_problem(harness.tensor_record(off), want, exact=True)
+    assert text is not None and "expected [0, 1, 2, 3, 4, 5]" in text and "flat index 5" in text
+    assert "dtype" in (compare.tensor_problem(harness.tensor_record(want.float()), want, exact=True) or "")
+    assert "shape" in (compare.tensor_problem(harness.tensor_record(want.reshape(-1)), want, exact=True) or "")
+    nan = want.clone()
+    nan[0, 0] = float("nan")
+    assert compare.tensor_problem(harness.tensor_record(nan), want, exact=False) is not None
+
+
+def test_anything_but_a_plain_tensor_is_refused() -> None:
+    class AlwaysEqual(torch.Tensor):
+        def __eq__(self, other: object) -> bool:  # type: ignore[override]
+            return True
+
+    sneaky = torch.ones(3)
+    sneaky.__class__ = AlwaysEqual
+    text = compare.tensor_problem(harness.tensor_record(sneaky), torch.zeros(3), exact=True)
+    assert text is not None and "AlwaysEqual instead of a torch.Tensor" in text
+    assert compare.tensor_problem({"type": "torch.Tensor", "dtype": "float32", "shape": [3], "data": b"x"},
+                                  torch.zeros(3), exact=True) == "sent back a malformed tensor"
+    unchanged = compare.tensor_problem(harness.tensor_record(torch.ones(2)), torch.full((2,), 3.0),
+                                       exact=True, original=torch.ones(2))
+    assert unchanged is not None and "in place" in unchanged
+
+
+def test_rank_results_are_unpickled_as_plain_data_only() -> None:
+    assert runner.plain_loads(pickle.dumps({"data": b"\x00", "shape": [1], "ok": True})) == {
+        "data": b"\x00", "shape": [1], "ok": True}
+    with pytest.raises(pickle.UnpicklingError):
+        runner.plain_loads(pickle.dumps(PartResult("x", True)))
+
+
+def test_communication_rules() -> None:
+    def log(*ops: tuple[str, str, int, int], violations: tuple[str, ...] = ()) -> dict[str, Any]:
+        return {"ops": [{"via": v, "op": o, "out": out, "in": inp} for v, o, out, inp in ops],
+                "violations": list(violations)}
+
+    rule = {"allowed": ("reduce_scatter", "all_gather"), "required": ("reduce_scatter", "all_gather"),
+            "limit_elements": 16}
+    good = log(("dispatch", "_reduce_scatter_base_", 2, 8), ("dispatch", "_allgather_base_", 8, 2),
+               ("python", "reduce_scatter_single", 0, 0), ("python", "all_gather_single", 0, 0))
+    assert compare.comm_problem(good, **rule) is None
+    assert "all_reduce" in (compare.comm_problem(log(("dispatch", "allreduce_", 8, 0)), **rule) or "")
+    assert "backend directly" in (compare.comm_problem(log(("backend", "backend.allreduce", 0, 0)), **rule) or "")
+    assert "rendezvous store" in (compare.comm_problem(log(("store", "store.set", 0, 0)), **rule) or "")
+    assert "never called all_gather" in (compare.comm_problem(
+        log(("dispatch", "reduce_scatter_", 2, 8)), **rule) or "")
+    whole = log(("dispatch", "_reduce_scatter_base_", 2, 8), ("dispatch", "allgather_", 32, 8))
+    assert "more than 16" in (compare.comm_problem(whole, **rule) or "")
+    assert "tampered" in (compare.comm_problem(log(violations=("the dispatch recorder was removed",)),
+                                               **rule) or "")
+
+
+def test_only_the_answer_cells_are_graded() -> None:
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {"grade_id": "setup"}}),
+        nbformat.v4.new_code_cell("def all_reduce_rs_ag(t):\n    pass",
+                                  metadata={"nbgrader": {"grade_id": "all_reduce_rs_ag", "solution": True}}),
+        nbformat.v4.new_code_cell("helper = 2"),
+    ])
+    assert solution_source(nb, EX1) == "def all_reduce_rs_ag(t):\n    pass"
+    assert solution_source(nbformat.v4.new_notebook(), EX1) == ""
+
+
+def test_results_round_trip_as_json() -> None:
+    result = SubmissionResult("ex1_all_reduce_rs_ag", "abc", [PartResult("ops", False, "why", 1.5, 3)], 2.0)
+    assert SubmissionResult.from_json(result.to_json()) == result
+    assert json.loads(result.to_json())["parts"][0]["message"] == "why"
+
+
+# --- the notebook and the grader agree --------------------------------------------------------------
+def test_notebook_cells_match_the_graded_parts() -> None:
+    nb = nbformat.read(SOURCE, as_version=4)
+    by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+    assert by_id["setup"].source == EX1.setup_source  # the grader runs its own copy of this cell
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert [c.metadata.nbgrader.grade_id for c in tests] == [p.grade_id for p in EX1.parts]
+    assert sum(c.metadata.nbgrader.points for c in tests) == 10
+    for cell in tests:
+        last = ast.parse(cell.source).body[-1]
+        # nbgrader reads a trailing value as partial credit: only calls that return None may end a cell
+        assert not isinstance(last, ast.Expr) or isinstance(last.value, ast.Call), cell.source
+
+
+# --- real ranks ---------------------------------------------------------------------------------------
+def _every_route() -> dict[str, Any]:
+    """On each rank: communicate in every way a submission might, each watched separately."""
+    import torch
+    import torch.distributed as dist
+
+    from distlab.grading import guard
+
+    watcher = guard.install()
+    routes = {
+        "all_reduce": lambda t: dist.all_reduce(t),
+        "process_group": lambda t: dist.group.WORLD.allreduce([t]).wait(),
+        "backend": lambda t: dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([t]).wait(),
+        "store": lambda t: dist.distributed_c10d._get_default_store().set(f"k{dist.get_rank()}", "v"),
+        "allowed": lambda t: (dist.reduce_scatter(torch.empty(2), list(t.chunk(2))),
+                              dist.all_gather(list(torch.empty(4).chunk(2)), t[:2])),
+    }
+    logs = {}
+    for name, route in routes.items():
+        with watcher.watch() as log:
+            route(torch.ones(4))
+        logs[name] = log
+    with watcher.watch() as log:
+        from torch.utils._python_dispatch import _pop_mode
+
+        _pop_mode()  # a submission switching the recorder off
+    logs["tampered"] = log
+    return logs
+
+
+def test_guard_sees_every_route_to_the_wire() -> None:
+    logs = distlab.run(_every_route, world_size=2, timeout=60)[0]
+    rule = {"allowed": ("reduce_scatter", "all_gather"), "required": ()}
+    assert "all_reduce" in (compare.comm_problem(logs["all_reduce"], **rule) or "")
+    assert "all_reduce" in (compare.comm_problem(logs["process_group"], **rule) or "")
+    assert not any(e["via"] == "python" for e in logs["process_group"]["ops"])  # invisible to the tracer
+    assert "backend directly" in (compare.comm_problem(logs["backend"], **rule) or "")
+    assert "rendezvous store" in (compare.comm_problem(logs["store"], **rule) or "")
+    assert compare.comm_problem(logs["allowed"], **rule) is None
+    assert logs["tampered"]["violations"] == ["the dispatch recorder was removed"]
+
+
+def test_visible_helper_passes_a_correct_function_and_explains_a_wrong_one() -> None:
+    ex1.try_case(reference_all_reduce, world_size=3, shape=(2,), op="MAX", check_comm=True)
+    with pytest.raises(AssertionError) as failure:
+        ex1.try_case(sums_locally, world_size=3, shape=(7,))
+    text = str(failure.value)
+    assert text.startswith("world_size=3, shape=(7,) (numel=7), float32, op=SUM: rank 0 got [")
+    assert "expected [" in text
+
+
+def test_check_runs_a_hidden_part_from_the_kernel() -> None:
+    distlab.grading.check("ex1", "subgroup", reference_all_reduce)
+    with pytest.raises(AssertionError, match="ex1 part 'dtypes'"):
+        distlab.grading.check("ex1", "dtypes", sums_locally)
+
+
+def test_a_submission_that_cannot_load_fails_every_part_at_once() -> None:
+    result = runner.grade_submission(EX1, "def all_reduce_rs_ag(tensor, op, group):\n    return (", 20)
+    assert [p.passed for p in result.parts] == [False] * len(EX1.parts)
+    assert all("does not compile: line 2" in p.message for p in result.parts)
+    assert sum(p.seconds for p in result.parts[1:]) == 0  # only the first part started ranks
