@@ -175,24 +175,25 @@ def test_p2p_ops_work_across_recording_boundaries() -> None:
     assert got == [[1.0] * 4, [0.0] * 4]
 
 
-def test_recording_restores_torch_even_after_an_exception() -> None:
-    originals = {name: getattr(dist, name) for name in trace.TENSOR_OPS + trace.OBJECT_OPS
-                 if hasattr(dist, name)}
-    c10d_isend = dist.distributed_c10d.isend
-    with pytest.raises(RuntimeError, match="boom"), trace.recording():
-        assert dist.all_reduce is not originals["all_reduce"]
-        assert dist.distributed_c10d.isend is dist.isend  # P2POp(dist.isend) validates
-        raise RuntimeError("boom")
-    assert not trace.is_recording()
-    assert {name: getattr(dist, name) for name in originals} == originals
-    assert dist.distributed_c10d.isend is c10d_isend
+def _bad_calls() -> list[tuple[str, dict[str, Any]]]:
+    """Two calls torch rejects: a list for a tensor, and split sizes for one rank, not two."""
+    out = []
+    with trace.recording() as calls:
+        for call in (lambda: dist.broadcast([1.0, 2.0], src=0),
+                     lambda: dist.all_to_all_single(torch.empty(2), torch.ones(2),
+                                                    output_split_sizes=[2], input_split_sizes=[2])):
+            try:
+                call()
+            except (TypeError, ValueError, RuntimeError) as exc:
+                out.append((str(exc), calls[-1]))
+    return out
 
 
-def test_nested_recordings_see_their_own_calls() -> None:
-    with trace.recording() as outer:
-        trace.snapshot(torch.arange(3), "a")
-        with trace.recording() as inner:
-            trace.snapshot([1, 2], "b")
-        assert trace.is_recording()
-    assert [s["label"] for s in outer] == ["a", "b"] and [s["label"] for s in inner] == ["b"]
-    assert outer[0]["values"] == [0, 1, 2]
+def test_a_call_torch_rejects_fails_with_torchs_error_and_is_still_recorded() -> None:
+    per_rank = distlab.run(_bad_calls, world_size=2)
+    for (b_msg, b_rec), (a_msg, a_rec) in per_rank:
+        assert b_rec["op"] == "broadcast" and b_rec["error"].endswith(b_msg) and b_rec["size"] == 0
+        assert a_rec["op"] == "all_to_all_single" and a_rec["error"].endswith(a_msg)
+    # rank 1 has no slot in a one-entry split list: the recorder says so and lets torch decide
+    a_rec = per_rank[1][1][1]
+    assert a_rec["note"].startswith("arguments not understood by the recorder: IndexError")

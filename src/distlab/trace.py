@@ -135,6 +135,22 @@ def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, An
     }
 
 
+def _safe_describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, Any]:
+    """Describe a call; arguments the recorder cannot read (a call torch will reject, or an
+    API it does not know) still give a record, with zero bytes and a ``note``, and the call
+    goes ahead: torch, not the recorder, decides whether it fails."""
+    try:
+        return _describe(op, names, args, kwargs)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+        ranks, _, me = _group_info(None)
+        return {"op": op, "seq": next(_seq), "rank": me, "group_ranks": ranks,
+                "group_size": len(ranks), "shapes": [], "dtypes": [], "size": 0,
+                "bus_bytes": 0.0, "sent": 0, "recv": 0, "peer": None, "p2p": [],
+                "async": False, "reduce_op": None, "t_start": 0.0, "t_end": 0.0,
+                "wall_start": 0.0, "wall_end": 0.0, "t_wait": None, "error": None,
+                "note": f"arguments not understood by the recorder: {type(exc).__name__}: {exc}"}
+
+
 def _add_inner(outer: dict[str, Any], inner: dict[str, Any]) -> None:
     for key in ("size", "sent", "recv", "bus_bytes"):
         outer[key] += inner[key]
@@ -168,16 +184,16 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
                 kwargs[right] = kwargs.pop(wrong)
         elif op == "batch_isend_irecv":
             _retarget(args[0] if args else kwargs.get("p2p_op_list", []))
-        if not _sinks:
+        if not _sinks or not dist.is_initialized():
             return fn(*args, **kwargs)
         stack = getattr(_local, "stack", None)
         if stack is None:
             stack = _local.stack = []
         if stack:  # a call torch makes inside a recorded call
             if stack[-1]["op"] in OBJECT_OPS:
-                _add_inner(stack[-1], _describe(op, names, args, kwargs))
+                _add_inner(stack[-1], _safe_describe(op, names, args, kwargs))
             return fn(*args, **kwargs)
-        rec = _describe(op, names, args, kwargs)
+        rec = _safe_describe(op, names, args, kwargs)
         for sink in _sinks:
             sink.append(rec)
         stack.append(rec)
