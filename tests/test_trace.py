@@ -197,3 +197,26 @@ def test_a_call_torch_rejects_fails_with_torchs_error_and_is_still_recorded() ->
     # rank 1 has no slot in a one-entry split list: the recorder says so and lets torch decide
     a_rec = per_rank[1][1][1]
     assert a_rec["note"].startswith("arguments not understood by the recorder: IndexError")
+
+
+def test_recording_restores_torch_even_after_an_exception() -> None:
+    originals = {name: getattr(dist, name) for name in trace.TENSOR_OPS + trace.OBJECT_OPS
+                 if hasattr(dist, name)}
+    c10d_isend = dist.distributed_c10d.isend
+    with pytest.raises(RuntimeError, match="boom"), trace.recording():
+        assert dist.all_reduce is not originals["all_reduce"]
+        assert dist.distributed_c10d.isend is dist.isend  # P2POp(dist.isend) validates
+        raise RuntimeError("boom")
+    assert not trace.is_recording()
+    assert {name: getattr(dist, name) for name in originals} == originals
+    assert dist.distributed_c10d.isend is c10d_isend
+
+
+def test_nested_recordings_see_their_own_calls() -> None:
+    with trace.recording() as outer:
+        trace.snapshot(torch.arange(3), "a")
+        with trace.recording() as inner:
+            trace.snapshot([1, 2], "b")
+        assert trace.is_recording()
+    assert [s["label"] for s in outer] == ["a", "b"] and [s["label"] for s in inner] == ["b"]
+    assert outer[0]["values"] == [0, 1, 2]
