@@ -172,9 +172,10 @@ CELLS = [
     md(
         """
         The other ranks finished normally; the cell still failed, because one failing rank fails
-        the team. If the ranks had been waiting for each other in a collective, the healthy ranks
-        would have waited for rank 2 forever. `%%dist` has a deadline for that case: it stops
-        the cell, shows where each rank was stuck, and restarts the ranks. Notebook 02 shows it.
+        the team. Had the healthy ranks been waiting for rank 2 in a collective, they would have
+        waited forever. `%%dist` does not let them: it stops such a cell shortly after the first
+        failure, or at its deadline (`--timeout`, in seconds), shows where each rank was stuck,
+        and restarts the ranks. Notebook 02 shows a cell that hangs.
 
         You can use the same engine from plain Python with `distlab.run(fn, world_size=...)`, which
         returns every rank's return value, and raises `distlab.errors.RankError` when a rank

@@ -364,7 +364,8 @@ CELLS = [
         zero_all = %dist_pull zero_params
         for name, per_rank in [("by hand", hand_all), ("DDP", ddp_all), ("ZeRO-2", zero_all)]:
             for params in per_rank:
-                assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(params, reference)), name
+                assert all(torch.allclose(a.cpu(), b, atol=1e-6)
+                           for a, b in zip(params, reference)), name
         buckets = %dist_pull per_iteration
         assert buckets[0] == [[3168], [1056, 1056, 1056], [1056, 1056, 1056]], buckets[0]
         fsdp = %dist_pull fsdp_ok
