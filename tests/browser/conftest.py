@@ -16,8 +16,9 @@ from typing import Any
 
 import nbformat
 import pytest
-from labserver import SCRATCH, SCREENSHOTS, LabServer, start_lab, stop_lab
-from notebook_page import NotebookPage
+
+from browser.labserver import SCRATCH, SCREENSHOTS, LabServer, start_lab, stop_lab
+from browser.notebook_page import NotebookPage
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,13 +56,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{len(_skipped)} browser tests skipped: {SKIP_REASON}", yellow=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """`make lab` on a free port with a token, served from the repo, stopped by its pgid.
 
     Settings that only the tests need go to a temporary user-settings dir: autosave is off,
     so running course notebooks in the browser never writes outputs into the repo.
     """
+    # screenshots and consoles of this run only: stale pictures would mislead
+    shutil.rmtree(SCREENSHOTS, ignore_errors=True)
+    SCREENSHOTS.mkdir(parents=True)
     base = tmp_path_factory.mktemp("lab")
     user_settings = base / "user-settings"
     docmanager = user_settings / "@jupyterlab" / "docmanager-extension"
@@ -91,7 +95,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
             shutil.copyfile(server.log_path, SCREENSHOTS / "lab.log")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 

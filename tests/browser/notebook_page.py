@@ -177,9 +177,18 @@ class NotebookPage:
         JupyterLab stops a run-all at the first failing cell; the cells after it keep an
         empty prompt, which the caller sees through `prompt()` and `error_outputs()`.
         """
+        self._run_from_menu("Run All Cells", self.code_cell_indices()[0], timeout_ms)
+
+    def run_all_above(self, index: int, timeout_ms: int = 180_000) -> None:
+        """Select cell `index`, Run > Run All Above Selected Cell, wait until they are done."""
+        above = [i for i in self.code_cell_indices() if i < index]
+        self.select(index)
+        self._run_from_menu("Run All Above Selected Cell", above[0], timeout_ms)
+
+    def _run_from_menu(self, item: str, first: int, timeout_ms: int) -> None:
         self.page.get_by_role("menuitem", name="Run", exact=True).click()
-        self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        first = self.code_cell_indices()[0]
+        self.page.get_by_role("menuitem", name=item, exact=True).click()
+        # done: nothing queued or running ('[*]'), and the first cell has its count
         self.page.wait_for_function(
             """([sel, first]) => {
                 const ps = [...document.querySelectorAll(sel)].map(c => c.textContent.trim());

@@ -11,7 +11,8 @@ import shutil
 
 import nbformat
 import pytest
-from labserver import REPO, SCRATCH
+
+from browser.labserver import REPO, SCRATCH
 
 pytestmark = pytest.mark.browser
 

@@ -1,0 +1,1 @@
+"""The browser suite: JupyterLab driven by Chromium, as a learner uses the kit."""
