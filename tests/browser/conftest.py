@@ -1,4 +1,4 @@
-"""Fixtures for the browser suite: one `make lab` and one headless Chromium per test session.
+"""Fixtures for the browser suite: one `make lab` and one headless Chromium for all its tests.
 
 Why a real browser: the kit lives in JupyterLab (widgets, the stop button, nbgrader's lab
 extension), and only a browser shows what a learner sees. Chromium is Debian's package

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from playwright.sync_api import Locator, Page
@@ -21,7 +22,9 @@ _NUMBERED = re.compile(r"^\[\d+\]:$")
 class NotebookPage:
     """One notebook opened in its own fresh JupyterLab workspace in `page`."""
 
-    def __init__(self, page: Page, url_for: object, path: str, screenshot_dir: Path) -> None:
+    def __init__(
+        self, page: Page, url_for: Callable[[str], str], path: str, screenshot_dir: Path
+    ) -> None:
         self.page = page
         self.path = path
         self._url_for = url_for
@@ -36,7 +39,7 @@ class NotebookPage:
         notebook would start its own kernel and rank pool).
         """
         workspace = f"t{uuid.uuid4().hex[:8]}"
-        url = self._url_for(f"lab/workspaces/{workspace}/tree/{self.path}")  # type: ignore[operator]
+        url = self._url_for(f"lab/workspaces/{workspace}/tree/{self.path}")
         self.page.goto(url)
         self.page.locator(f"{PANEL} .jp-Cell").first.wait_for(timeout=timeout_ms)
         self.wait_kernel_idle(timeout_ms)
@@ -206,8 +209,9 @@ class NotebookPage:
             f"{PANEL} .jp-NotebookPanel-toolbar jp-button[data-command='notebook:interrupt-kernel']"
         ).click()
 
-    def all_prompts_numbered(self) -> bool:
-        return all(_NUMBERED.match(self.prompt(i)) for i in self.code_cell_indices())
+    def unrun_cells(self) -> list[int]:
+        """Code cells without an execution count: never run, or skipped after a failure."""
+        return [i for i in self.code_cell_indices() if not _NUMBERED.match(self.prompt(i))]
 
     # -- pictures ----------------------------------------------------------------------------
 

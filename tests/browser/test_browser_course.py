@@ -23,7 +23,7 @@ def test_welcome_runs_on_four_ranks_without_errors(lab_ui):
     nb = lab_ui.open(WELCOME)
     nb.run_all()
 
-    unrun = [i for i in nb.code_cell_indices() if not nb.prompt(i).strip("[]:").isdigit()]
+    unrun = nb.unrun_cells()
     assert not unrun, f"Run All stopped before cells {unrun}: {nb.error_outputs()}"
     outputs = "".join(nb.output_text(i) for i in nb.code_cell_indices())
     for rank in range(4):

@@ -56,7 +56,7 @@ def test_student_answers_exercise_and_visible_tests_pass(lab_ui):
     nb.screenshot("exercise_answered")
 
     nb.run_all()
-    unrun = [i for i in nb.code_cell_indices() if not nb.prompt(i).strip("[]:").isdigit()]
+    unrun = nb.unrun_cells()
     assert not unrun, f"Run All stopped before cells {unrun}: {nb.error_outputs()}"
     assert not nb.error_outputs(), nb.error_outputs()
     nb.cells.nth(test_cells[0]).scroll_into_view_if_needed()
