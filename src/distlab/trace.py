@@ -75,6 +75,8 @@ _REDUCING = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single",
 _sinks: list[list[dict[str, Any]]] = []
 _originals: dict[str, Callable[..., Any]] = {}
 _wrappers: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # name -> (orig, traced)
+_dtype_names: dict[torch.dtype, str] = {}  # small caches: the recorder runs on every call
+_factors: dict[tuple[str, int], float] = {}
 _groups: dict[int, tuple[Any, list[int], int, int]] = {}  # id(group) -> (group, ranks, me, global)
 _lock = threading.Lock()
 _local = threading.local()
@@ -112,6 +114,20 @@ def _group_info(group: Any) -> tuple[list[int], int, int]:
     return hit[1], hit[2], hit[3]
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _factor(op: str, n: int) -> float:
+    f = _factors.get((op, n))
+    if f is None:
+        f = _factors[(op, n)] = bus_factor(op, n)
+    return f
+
+
 def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, Any]:
     a = dict(zip(names, args, strict=False))  # bind by name, without inspect.bind (slow)
     a.update(kwargs)
@@ -132,8 +148,8 @@ def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, An
     return {
         "op": op, "seq": next(_seq), "rank": my_global, "group_ranks": ranks,
         "group_size": n, "shapes": [list(t.shape) for t in ts],
-        "dtypes": [str(t.dtype).replace("torch.", "") for t in ts], "size": size,
-        "bus_bytes": size * bus_factor(op, n), "sent": sent, "recv": recv, "peer": peer,
+        "dtypes": [_dtype_name(t.dtype) for t in ts], "size": size,
+        "bus_bytes": size * _factor(op, n), "sent": sent, "recv": recv, "peer": peer,
         "p2p": p2p, "async": is_async,
         "reduce_op": None if red is None else getattr(red, "name", str(red)),
         "t_start": 0.0, "t_end": 0.0, "wall_start": 0.0, "wall_end": 0.0, "t_wait": None,
