@@ -19,7 +19,7 @@ import torch.distributed as dist
 import distlab
 from distlab import trace
 
-# The ranks cannot import this test module: send its functions by value.
+# Send this module's functions by value: the ranks need not import it (and pytest).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N = 3  # odd world size: factors like 2(n-1)/n are not round, chunks are uneven

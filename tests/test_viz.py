@@ -22,7 +22,7 @@ import distlab
 from distlab import algorithms, trace, viz
 from distlab.replay import ring_frames
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks cannot import this file
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need not import this file
 
 FIXTURE = Path(__file__).parent / "fixtures_viz" / "viz_demo.ipynb"
 WIDGET = "application/vnd.jupyter.widget-view+json"
