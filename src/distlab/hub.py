@@ -12,21 +12,20 @@ import atexit
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 from collections import defaultdict
 from multiprocessing.connection import Connection, wait
 
 from distlab import protocol
 from distlab.errors import PoolDied
 from distlab.protocol import LauncherHello, RankExited, RankHello
-
-LAUNCHER_START_TIMEOUT = 120.0
 
 
 class Hub:
@@ -43,6 +42,12 @@ class Hub:
         self._listener.bind(self.path)
         self._listener.listen(64)
         self._listener.setblocking(False)
+        self._lock = threading.Lock()
+        self._queued: list[protocol.Message] = []  # for the launcher, until it has connected
+        self._wake_r, self._wake_w = os.pipe()  # the accept thread wakes a waiting main thread
+        self._stop_r, self._stop_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
         self._log_path = os.path.join(self.dir, "launcher.log")
         env = dict(os.environ)
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -62,6 +67,9 @@ class Hub:
         self._arrived: dict[tuple[str, int], dict[int, tuple[Connection, int]]] = defaultdict(dict)
         self._exits: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
         self.closed = False
+        self._acceptor: threading.Thread | None = threading.Thread(
+            target=self._accept_forever, name="distlab-accept", daemon=True)
+        self._acceptor.start()
 
     @classmethod
     def get(cls) -> Hub:
@@ -83,41 +91,50 @@ class Hub:
             return ""
 
     # --- the launcher -------------------------------------------------------------------------
-    def _launcher(self, timeout: float = LAUNCHER_START_TIMEOUT) -> Connection:
-        deadline = time.monotonic() + timeout
-        while self._launcher_conn is None:
-            if not self.alive():
-                raise PoolDied(f"the distlab launcher exited (code {self.launcher.poll()}):\n{self.launcher_log()}")
-            if time.monotonic() > deadline:
-                raise PoolDied("the distlab launcher did not start in time")
-            self.wait([], 0.05)
-        return self._launcher_conn
-
     def send_launcher(self, message: protocol.Message) -> None:
-        try:
-            protocol.send(self._launcher(), message)
-        except OSError as exc:
-            raise PoolDied(f"lost the distlab launcher: {exc}\n{self.launcher_log()}") from exc
+        """Send now, or as soon as the launcher has connected: callers never wait for torch's import."""
+        if not self.alive():
+            raise PoolDied(f"the distlab launcher exited (code {self.launcher.poll()}):\n{self.launcher_log()}")
+        with self._lock:
+            if self._launcher_conn is None:
+                self._queued.append(message)
+                return
+            try:
+                protocol.send(self._launcher_conn, message)
+            except OSError as exc:
+                raise PoolDied(f"lost the distlab launcher: {exc}\n{self.launcher_log()}") from exc
 
     # --- waiting ------------------------------------------------------------------------------
     def wait(self, conns: list[Connection], timeout: float) -> list[Connection]:
-        """Wait for any of ``conns``; meanwhile accept new ranks and record rank exits."""
-        watched: list[object] = list(conns)
-        watched.append(self._listener)
+        """Wait for any of ``conns`` (or a new arrival); meanwhile record rank exits."""
+        watched: list[object] = [*conns, self._wake_r]
         if self._launcher_conn is not None:
             watched.append(self._launcher_conn)
         ready = wait(watched, timeout)  # type: ignore[arg-type]
-        if self._listener in ready:
-            self._accept()
+        if self._wake_r in ready:
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
         if self._launcher_conn is not None and self._launcher_conn in ready:
             self._drain_launcher()
         return [c for c in ready if c in conns]  # type: ignore[misc]
 
-    def _accept(self) -> None:
+    def _accept_forever(self) -> None:
+        """Accept and authenticate peers at once, even while the kernel is idle between cells.
+
+        Ranks then finish joining their process group while the learner reads, and nobody waits
+        on a handshake the kernel is not looking at.
+        """
         while True:
+            readable, _, _ = select.select([self._listener.fileno(), self._stop_r], [], [])
+            if self._stop_r in readable:
+                return
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
                 return
             sock.setblocking(True)
             conn = Connection(sock.detach())
@@ -129,12 +146,17 @@ class Hub:
             except Exception:  # noqa: BLE001 - a peer that fails the handshake or says nonsense is dropped
                 conn.close()
                 continue
-            if isinstance(hello, LauncherHello) and self._launcher_conn is None and hello.pid == self.launcher.pid:
-                self._launcher_conn = conn
-            elif isinstance(hello, RankHello):
-                self._arrived[(hello.pool_id, hello.generation)][hello.rank] = (conn, hello.pid)
-            else:
-                conn.close()
+            with self._lock:
+                if isinstance(hello, LauncherHello) and self._launcher_conn is None and hello.pid == self.launcher.pid:
+                    for message in self._queued:
+                        protocol.send(conn, message)
+                    self._queued.clear()
+                    self._launcher_conn = conn
+                elif isinstance(hello, RankHello):
+                    self._arrived[(hello.pool_id, hello.generation)][hello.rank] = (conn, hello.pid)
+                else:
+                    conn.close()
+            os.write(self._wake_w, b"!")
 
     def _drain_launcher(self) -> None:
         assert self._launcher_conn is not None
@@ -149,13 +171,14 @@ class Hub:
                 self._exits[(message.pool_id, message.generation)][message.rank] = message.returncode
 
     def take_arrivals(self, pool_id: str, generation: int) -> dict[int, tuple[Connection, int]]:
-        return self._arrived.pop((pool_id, generation), {})
+        with self._lock:
+            return self._arrived.pop((pool_id, generation), {})
 
     def exits(self, pool_id: str, generation: int) -> dict[int, int]:
         return self._exits.get((pool_id, generation), {})
 
     def forget(self, pool_id: str, generation: int) -> None:
-        for conn, _ in self._arrived.pop((pool_id, generation), {}).values():
+        for conn, _ in self.take_arrivals(pool_id, generation).values():
             conn.close()
         self._exits.pop((pool_id, generation), None)
 
@@ -165,19 +188,18 @@ class Hub:
     # --- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the launcher and with it every rank (they share its process group)."""
-        if self.closed and self.launcher.poll() is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            return
+        if self._acceptor is None:
+            return  # closed already
         self.closed = True
-        if self._launcher_conn is not None:
+        if self._launcher_conn is not None and self.launcher.poll() is None:
             try:
                 protocol.send(self._launcher_conn, protocol.Shutdown())
             except OSError:
                 pass
-        try:
-            self.launcher.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
+            try:
+                self.launcher.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
         if self.launcher.poll() is None:
             try:
                 os.killpg(self.launcher.pid, signal.SIGKILL)  # the group we created: launcher + ranks
@@ -186,7 +208,12 @@ class Hub:
             self.launcher.wait()
         if self._launcher_conn is not None:
             self._launcher_conn.close()
+        os.write(self._stop_w, b"!")
+        self._acceptor.join(timeout=2.0)
+        self._acceptor = None
         self._listener.close()
+        for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
+            os.close(fd)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -9,17 +9,20 @@ closes or its parent changes, it kills its ranks and exits.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
 import socket
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from distlab import protocol
 from distlab.protocol import KillGeneration, LauncherHello, RankExited, Shutdown, SignalRanks, SpawnRanks
 
 POLL_SECONDS = 0.02
+EXTRAS_AFTER_IDLE = 0.5
 
 
 def die_with_parent() -> None:
@@ -40,6 +43,16 @@ def preload() -> None:
     import distlab.worker  # noqa: F401
 
 
+def preload_extras() -> None:
+    """What training cells import (optimizers pull in torch._dynamo, about a second per rank),
+    loaded once while the learner reads, so ranks forked later start with it."""
+    for name in ("torch._dynamo", "torch.optim", "torch.distributed.fsdp", "torch.nn.parallel"):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - an optional speed-up; ranks import it themselves if needed
+            print(f"distlab launcher: could not preload {name}: {exc}", file=sys.stderr)
+
+
 class Launcher:
     def __init__(self, conn: Connection, path: str, key: bytes, parent: int) -> None:
         self.conn = conn
@@ -49,6 +62,8 @@ class Launcher:
         self.children: dict[int, tuple[str, int, int]] = {}  # pid -> (pool_id, generation, rank)
 
     def serve(self) -> None:
+        idle_since = time.monotonic()
+        extras_loaded = False
         try:
             while os.getppid() == self.parent:
                 if self.conn.poll(POLL_SECONDS):
@@ -56,6 +71,10 @@ class Launcher:
                     if isinstance(message, Shutdown):
                         break
                     self.handle(message)
+                    idle_since = time.monotonic()
+                elif not extras_loaded and time.monotonic() - idle_since > EXTRAS_AFTER_IDLE:
+                    preload_extras()
+                    extras_loaded = True
                 self.reap()
         except (EOFError, OSError):
             pass  # the kernel is gone

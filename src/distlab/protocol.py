@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Literal, Union
 
 HANDSHAKE_TIMEOUT = 5.0
+CHALLENGE_WAIT = 120.0
 _MAGIC = b"DISTLAB1"
 
 
@@ -239,7 +240,7 @@ def server_handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_TI
 
 def client_handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> None:
     """Launcher and rank side: answer the kernel's challenge and check its answer to ours."""
-    challenge = _recv_within(conn, timeout, 64)
+    challenge = _recv_within(conn, CHALLENGE_WAIT, 64)  # the kernel may be busy: be patient here
     if not challenge.startswith(_MAGIC) or len(challenge) != len(_MAGIC) + 32:
         raise HandshakeFailed("not a distlab hub")
     nonce = os.urandom(32)
