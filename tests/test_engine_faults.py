@@ -122,3 +122,19 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
     else:
         session.shutdown()
     assert wait_gone(pids, within=5.0) == []
+
+
+def test_ranks_started_at_load_survive_a_learner_who_reads_first() -> None:
+    import time
+
+    from distlab.protocol import HANDSHAKE_TIMEOUT
+
+    session = KernelSession()
+    try:
+        session.execute("%load_ext distlab")
+        time.sleep(HANDSHAKE_TIMEOUT + 3)  # the kernel runs nothing while the learner reads
+        reply = session.execute("%%dist\nprint(rank)")
+        assert reply.error is None, reply.traceback
+        assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {r}" for r in range(4)]
+    finally:
+        session.shutdown()
