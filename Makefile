@@ -28,7 +28,7 @@ lab: $(STAMP)
 	  --LabApp.news_url=None $(ROOT_FLAG) $(LAB_FLAGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench grader
+	$(PY) -m ruff check src tests bench grader notebooks/_build
 	$(PY) -m mypy src/distlab
 
 test: $(STAMP) lint
