@@ -147,10 +147,10 @@ def _batch(world_size: int, *cases: Case) -> Batch:
     return Batch(world_size, cases)
 
 
+# one batch = one set of fresh ranks; world size 2 is covered by the notebook's visible tests
 PARTS = (
     Part("divisible", "sizes divisible by the world size", (
-        _batch(2, Case((4,)), Case((6,))),
-        _batch(4, Case((8,)), Case((12,))),
+        _batch(4, Case((8,)), Case((12,)), Case((4,))),
     )),
     Part("indivisible", "sizes not divisible by the world size, fewer elements than ranks", (
         _batch(3, Case((7,)), Case((2,)), Case((1,)), Case((10,))),
@@ -167,12 +167,11 @@ PARTS = (
                Case((4,), "int64", "MAX"), Case((6,), "float64", "SUM")),
     )),
     Part("subgroup", "a subgroup of the ranks", (
-        _batch(4, Case((5,), groups=((0, 2), (1, 3))), Case((7,), op="MAX", groups=((0, 1, 3), (2,)))),
-        _batch(3, Case((3,), groups=((0,), (1, 2)))),
+        _batch(4, Case((5,), groups=((0, 2), (1, 3))), Case((7,), op="MAX", groups=((0, 1, 3), (2,))),
+               Case((3,), groups=((0,), (1, 2, 3)))),
     )),
     Part("communication", "only reduce_scatter and all_gather, one chunk per rank", (
         _batch(4, Case((16,), check_comm=True), Case((7,), op="MAX", check_comm=True)),
-        _batch(3, Case((7,), check_comm=True)),
     )),
 )
 

@@ -25,7 +25,11 @@ CASE_MARK = "@distlab-grading-case@ "  # printed before each case so a hang can 
 
 
 class SubmissionFailed(Exception):
-    """The submission raised, or could not be loaded; the message is the student's feedback."""
+    """The submission raised; the message is the student's feedback."""
+
+
+class SubmissionNotLoaded(SubmissionFailed):
+    """The answer cell itself failed (syntax, an error at top level, no function): every part would."""
 
 
 def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any]:
@@ -39,18 +43,18 @@ def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any
     try:
         code = compile(source, SUBMISSION_FILE, "exec")
     except SyntaxError as exc:
-        raise SubmissionFailed(f"your solution cell does not compile: line {exc.lineno}: {exc.msg}") from None
+        raise SubmissionNotLoaded(f"your solution cell does not compile: line {exc.lineno}: {exc.msg}") from None
     with guard.watch() as log:
         try:
             exec(code, namespace)
         except BaseException as exc:  # noqa: BLE001 - anything the cell raises is feedback
-            raise SubmissionFailed(f"running your solution cell raised {_describe(exc)}") from None
+            raise SubmissionNotLoaded(f"running your solution cell raised {_describe(exc)}") from None
     if log["ops"]:
-        raise SubmissionFailed("your solution cell communicates when it is run; "
-                               "do all communication inside the function")
+        raise SubmissionNotLoaded("your solution cell communicates when it is run; "
+                                  "do all communication inside the function")
     fn = namespace.get(submission.function)
     if not callable(fn):
-        raise SubmissionFailed(f"{submission.function} is not defined by your solution cell")
+        raise SubmissionNotLoaded(f"{submission.function} is not defined by your solution cell")
     return fn  # type: ignore[no-any-return]
 
 

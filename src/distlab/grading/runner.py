@@ -62,19 +62,21 @@ def run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Bat
 
 def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Batch,
                timeout: float) -> tuple[str | None, bool]:
-    """(feedback or None, whether any rank got as far as calling the student's function)."""
+    """(feedback or None, False when the answer cell itself failed, so every part would)."""
     sink = _CaseSink()
     pool = Pool(batch.world_size, "gloo", sink=sink)
     try:
         dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(timeout, 0.1))
     except RankTimeout as exc:
         if exc.failures:
-            return _failures_text(exc.failures, sink, submission), bool(sink.case)
-        return _hang_text(exc, sink, submission, timeout), bool(sink.case)
+            return _failures_text(exc.failures, sink, batch), _got_past_loading(exc.failures)
+        # every rank stuck while executing the answer cell (a loop at top level)?
+        stuck_loading = bool(exc.stacks) and all("in load_function" in s for s in exc.stacks.values())
+        return _hang_text(exc, sink, submission, timeout), not stuck_loading
     except RankError as exc:
-        return _failures_text(exc.failures, sink, submission), bool(sink.case)
+        return _failures_text(exc.failures, sink, batch), _got_past_loading(exc.failures)
     except PoolDied as exc:
-        return f"world_size={batch.world_size}: the ranks could not run ({exc})", False
+        return f"world_size={batch.world_size}: the ranks could not run ({exc})", True
     finally:
         pool.stop()
     try:
@@ -82,6 +84,10 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
         return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})", True
     return exercise.judge(part, batch, records), True
+
+
+def _got_past_loading(failures: list[RankFailure]) -> bool:
+    return not failures or any(f.exc_type != "SubmissionNotLoaded" for f in failures)
 
 
 def grade_part(exercise: Exercise, submission: Submission, part: Part,
@@ -150,17 +156,23 @@ def _cut(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _failures_text(failures: list[RankFailure], sink: _CaseSink, submission: Submission) -> str:
+def _failures_text(failures: list[RankFailure], sink: _CaseSink, batch: Batch) -> str:
+    """One line per distinct failure, naming the ranks and, when known, the case."""
+    texts: dict[str, list[int]] = {}
+    for failure in failures:
+        if failure.exc_type in ("SubmissionFailed", "SubmissionNotLoaded"):
+            text = failure.message  # already says which case
+        else:
+            where = sink.case.get(failure.rank) or f"world_size={batch.world_size}"
+            what = f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type
+            text = f"{where}: {what}"
+        texts.setdefault(_cut(text, 400), []).append(failure.rank)
     lines = []
-    for failure in failures[:3]:
-        if failure.exc_type == "SubmissionFailed":
-            lines.append(f"rank {failure.rank}: {_cut(failure.message, 400)}")
-            continue
-        where = sink.case.get(failure.rank)
-        text = f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type
-        lines.append(f"{where + ': ' if where else ''}rank {failure.rank}: {_cut(text, 400)}")
-    if len(failures) > 3:
-        lines.append(f"(and {len(failures) - 3} more ranks)")
+    for text, ranks in list(texts.items())[:3]:
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        lines.append(f"{label}: {text}")
+    if len(texts) > 3:
+        lines.append(f"(and {len(texts) - 3} more)")
     return "\n".join(lines)
 
 

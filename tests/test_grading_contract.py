@@ -1,0 +1,193 @@
+"""The grading contract, end to end: real nbgrader, the real CLI, real submissions.
+
+Every fixture in grader/fixtures/submissions is graded once (``python -m grader autograde`` with
+two parallel workers) and the score of every part is pinned below: the solution gets full marks,
+the untouched notebook none, each wrong answer exactly what it earns, and each gaming attempt
+nothing for the part it cheats on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "grader" / "fixtures" / "submissions"
+ASSIGNMENT = "ex1_all_reduce_rs_ag"
+PART_TIMEOUT = 20.0
+
+pytestmark = pytest.mark.slow
+
+PARTS = ("divisible", "indivisible", "shapes", "dtypes", "ops", "subgroup", "communication")
+FULL = dict(zip(PARTS, (2, 2, 1, 1, 2, 1, 1), strict=True))
+NONE = dict.fromkeys(PARTS, 0)
+
+
+def _but(base: dict[str, int], **changes: int) -> dict[str, int]:
+    return {**base, **changes}
+
+
+# what each submission earns, part by part (max 10)
+PINNED: dict[str, dict[str, int]] = {
+    "solution": FULL,
+    "noisy_correct": FULL,  # prints and warnings on the ranks cost nothing
+    "untouched": NONE,
+    # wrong answers
+    "off_by_one": _but(NONE, divisible=2, communication=1),  # ceil with world - 2: wrong if numel % world == 1
+    "divisible_only": _but(NONE, divisible=2),
+    "forgot_subgroup": _but(FULL, subgroup=0),
+    "direct_all_reduce": _but(FULL, communication=0),
+    "bypass_process_group": _but(FULL, communication=0),  # all_reduce via the ProcessGroup object
+    "deadlock": _but(FULL, indivisible=0, shapes=0),  # hangs when numel < world size
+    "kernel_dies": _but(FULL, divisible=0, indivisible=0, subgroup=0, communication=0),  # exits on 4 ranks
+    # gaming attempts
+    "gaming_check_helper": NONE,  # replaced distlab.grading.check, ex1.try_case and distlab.run
+    "gaming_patch_torch": NONE,  # torch.equal, allclose, Tensor.__eq__ always true
+    "gaming_always_equal": NONE,  # the tensor becomes a subclass whose __eq__ is always true
+    "gaming_stderr": _but(FULL, subgroup=0),  # stderr silenced: earns what the answer earns
+    "gaming_trailing_nan": NONE,  # every test cell ends in NaN and claims 100 points
+    "gaming_edit_tests": _but(FULL, subgroup=0),  # test cells replaced by an assert that passes
+    "gaming_delete_tests": _but(FULL, subgroup=0),  # the subgroup test cell deleted
+}
+
+
+def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Autograde every fixture once, with two parallel grading processes."""
+    course = tmp_path_factory.mktemp("course")
+    started = time.monotonic()
+    done = _grader("autograde", str(FIXTURES), "--course", str(course), "--jobs", "2",
+                   "--part-timeout", str(PART_TIMEOUT))
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    export = _grader("export", "--course", str(course))
+    assert export.returncode == 0, export.stderr
+    rows = {row["student"]: row for row in csv.DictReader(io.StringIO(export.stdout))}
+    return {"course": course, "rows": rows, "stdout": done.stdout, "seconds": seconds}
+
+
+def _scores(row: dict[str, str]) -> dict[str, int]:
+    return {part: round(float(row[f"test_{part}"])) for part in PARTS}
+
+
+@pytest.mark.parametrize("student", sorted(PINNED))
+def test_every_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
+    row = graded["rows"][student]
+    assert _scores(row) == PINNED[student]
+    assert float(row["max_score"]) == 10  # a test cell that claims 100 points is put back to its own
+    assert row["needs_manual_grade"] == "False"
+
+
+def test_every_submission_is_graded(graded: dict[str, Any]) -> None:
+    assert sorted(graded["rows"]) == sorted(PINNED)
+    assert sorted(p.stem for p in FIXTURES.glob("*.ipynb")) == sorted(PINNED)
+    assert f"graded {len(PINNED)} of {len(PINNED)} submissions" in graded["stdout"]
+
+
+def test_a_deadlock_costs_only_its_parts_budget(graded: dict[str, Any]) -> None:
+    result = json.loads((graded["course"] / "trusted" / "deadlock" / f"{ASSIGNMENT}.json").read_text())
+    hung = {p["part"]: p for p in result["parts"] if not p["passed"]}
+    assert sorted(hung) == ["indivisible", "shapes"]
+    for part in hung.values():
+        assert "did not finish" in part["message"]
+        assert "stuck at line" in part["message"]
+        assert part["seconds"] < PART_TIMEOUT + 10
+
+
+def test_feedback_says_why_without_revealing_hidden_tests(graded: dict[str, Any]) -> None:
+    done = _grader("feedback", "--course", str(graded["course"]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    feedback = graded["course"] / "feedback"
+    wrong = (feedback / "forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "groups=[[0, 2], [1, 3]]: rank 0 got [" in wrong
+    assert "expected [" in wrong
+    hung = (feedback / "deadlock" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "did not finish" in hung
+    for page in feedback.rglob("*.html"):
+        text = page.read_text()
+        assert "HIDDEN TESTS" not in text and "distlab.grading.check(" not in text, page
+
+
+def test_serial_grading_in_process_agrees(graded: dict[str, Any], tmp_path: Path) -> None:
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    for name, file_name in (("solution", "Ada Lovelace.ipynb"), ("direct_all_reduce", "bob-v2 (1).ipynb")):
+        (folder / file_name).write_bytes((FIXTURES / f"{name}.ipynb").read_bytes())
+    done = _grader("autograde", str(folder), "--course", str(tmp_path / "course"), "--jobs", "1",
+                   "--part-timeout", str(PART_TIMEOUT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    export = _grader("export", "--course", str(tmp_path / "course"))
+    rows = {row["student"]: row for row in csv.DictReader(io.StringIO(export.stdout))}
+    assert sorted(rows) == ["Ada_Lovelace", "bob-v2_1"]
+    assert _scores(rows["Ada_Lovelace"]) == PINNED["solution"]
+    assert _scores(rows["bob-v2_1"]) == PINNED["direct_all_reduce"]
+
+
+# --- release ------------------------------------------------------------------------------------------
+def test_exercises_equal_a_fresh_release() -> None:
+    done = _grader("release", "--check")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_released_notebooks_hold_no_solution_or_hidden_test() -> None:
+    source = nbformat.read(REPO / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    answer = next(c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    solution_lines = [line.strip() for line in answer.split("### BEGIN SOLUTION")[1].splitlines()
+                      if line.strip() and "END SOLUTION" not in line]
+    hidden_lines = [line.strip() for c in source.cells if "BEGIN HIDDEN TESTS" in c.source
+                    for line in c.source.split("### BEGIN HIDDEN TESTS")[1].splitlines()
+                    if line.strip() and "END HIDDEN TESTS" not in line]
+    assert solution_lines and hidden_lines
+    for released in (REPO / "exercises").glob("*/*.ipynb"):
+        text = released.read_text()
+        for marker in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", *solution_lines, *hidden_lines):
+            assert json.dumps(marker)[1:-1] not in text, (released.name, marker)
+
+
+def test_fixtures_follow_the_released_notebook() -> None:
+    sys.path.insert(0, str(REPO / "grader" / "fixtures"))
+    try:
+        import make_fixtures
+    finally:
+        sys.path.pop(0)
+    for name, nb in make_fixtures.fixtures().items():
+        assert (FIXTURES / name).read_text() == nbformat.writes(nb) + "\n", f"{name}: run make_fixtures.py"
+
+
+# --- the learner's kernel -------------------------------------------------------------------------------
+def _validate(path: Path) -> dict[str, Any]:
+    from nbgrader.validator import Validator
+    from traitlets.config import Config
+
+    config = Config()
+    config.Validator.validate_all = True  # any error or stderr in any cell fails, not only in tests
+    config.Execute.timeout = 300
+    return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
+
+
+def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel() -> None:
+    assert _validate(REPO / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb") == {}
+
+
+def test_the_untouched_exercise_fails_in_a_kernel() -> None:
+    failed = _validate(FIXTURES / "untouched.ipynb")["failed"]
+    assert len(failed) >= len(PARTS)
+    assert all("NotImplementedError" in cell["raw_error"] for cell in failed)
