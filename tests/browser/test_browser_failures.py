@@ -11,6 +11,8 @@ import pytest
 pytestmark = pytest.mark.browser
 
 NEXT_CELL = "%%dist -n 2\nprint('alive', rank)"
+# a learner has run cells before: the two ranks are up when the deadlock cell starts
+WARM_UP = "%%dist -n 2\nprint('ready', rank)"
 
 
 def test_deadlock_shows_hang_report_and_next_cell_runs(lab_ui, scratch_notebook):
@@ -18,6 +20,7 @@ def test_deadlock_shows_hang_report_and_next_cell_runs(lab_ui, scratch_notebook)
         "deadlock",
         [
             "%load_ext distlab",
+            WARM_UP,
             # both ranks receive first and nobody sends: a deadlock the deadline must end
             "%%dist -n 2 --timeout 3\nbuf = torch.zeros(1)\ndist.recv(buf, src=1 - rank)",
             NEXT_CELL,
@@ -25,18 +28,19 @@ def test_deadlock_shows_hang_report_and_next_cell_runs(lab_ui, scratch_notebook)
     )
     nb = lab_ui.open(path)
     nb.run_cell(0)
+    nb.run_cell(1)
 
-    report = nb.run_cell(1, timeout_ms=60_000)
+    report = nb.run_cell(2, timeout_ms=60_000)
     nb.screenshot("deadlock_hang_report")
     assert "RankTimeout" in report, report
     # the report shows where each rank is stuck: the cell's own line, for both ranks
     assert "dist.recv(buf, src=1 - rank)" in report, report
     assert "ranks 0-1" in report or ("rank 0" in report and "rank 1" in report), report
 
-    after = nb.run_cell(2, timeout_ms=60_000)
+    after = nb.run_cell(3, timeout_ms=60_000)
     nb.screenshot("deadlock_next_cell")
     assert "[rank 0] alive 0" in after and "[rank 1] alive 1" in after, after
-    assert [i for i, _ in nb.error_outputs()] == [1]
+    assert [i for i, _ in nb.error_outputs()] == [2], nb.error_outputs()
     lab_ui.assert_console_clean()
 
 
@@ -66,5 +70,5 @@ def test_stop_button_interrupts_ranks_and_next_cell_runs(lab_ui, scratch_noteboo
     after = nb.run_cell(2, timeout_ms=20_000)
     nb.screenshot("interrupt_next_cell")
     assert "[rank 0] alive 0" in after and "[rank 1] alive 1" in after, after
-    assert [i for i, _ in nb.error_outputs()] == [1]
+    assert [i for i, _ in nb.error_outputs()] == [1], nb.error_outputs()
     lab_ui.assert_console_clean()
