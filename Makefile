@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 lab: $(STAMP)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter_config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m jupyterlab \
 	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  --ServerApp.root_dir="$(CURDIR)" \
