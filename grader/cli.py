@@ -28,18 +28,18 @@ from grader.release import normalise
 
 def _assignment_of(path: Path, wanted: str | None) -> str | None:
     """The assignment a submitted notebook belongs to: by its answer cells' ids, whatever its name."""
-    from distlab.grading import exercise, exercises
+    from distlab.grading.catalog import ENTRIES, entry
 
     if wanted:
-        return exercise(wanted).assignment
+        return entry(wanted).assignment
     try:
-        nb = nbformat.read(path, as_version=4)
-    except (OSError, ValueError):
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError, AttributeError):
         return None
-    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
-    for ex in exercises():
-        if ids & set(ex.solution_ids):
-            return ex.assignment
+    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)}
+    for known in ENTRIES:
+        if ids & set(known.solution_ids):
+            return known.assignment
     return None
 
 
@@ -83,52 +83,83 @@ def cmd_autograde(args: argparse.Namespace) -> int:
         if name is None:
             print(f"skipped {path}: not a submission of any known assignment (use -a)", file=sys.stderr)
             continue
-        course.prepare(name)
         jobs.append(course.submit(student_id(path, taken), name, path))
     started = time.monotonic()
-    if args.jobs > 1:
-        precompute(course, jobs, args.jobs, args.part_timeout)
+    # the trusted checks start first; nbgrader sets up and then autogrades each submission as
+    # soon as its result is there, one at a time (the gradebook has one writer)
+    workers = Workers(course, jobs, args.jobs, args.part_timeout) if args.jobs > 1 else None
     failed = []
-    for job in jobs:
-        problem = course.autograde(job)
-        if problem is not None:
-            failed.append(job)
-            print(f"{job.student}: nbgrader could not autograde {job.notebook}:\n{problem}", file=sys.stderr)
+    try:
+        for name in sorted({j.assignment for j in jobs}):
+            course.prepare(name)
+        for job in jobs:
+            if workers is not None:
+                workers.wait_for(job)
+            problem = course.autograde(job)
+            if problem is not None:
+                failed.append(job)
+                print(f"{job.student}: nbgrader could not autograde {job.notebook}:\n{problem}",
+                      file=sys.stderr)
+    finally:
+        if workers is not None:
+            workers.stop()
     print(f"graded {len(jobs) - len(failed)} of {len(jobs)} submissions in {time.monotonic() - started:.1f} s")
     _print_scores(course, {(j.student, j.assignment) for j in jobs})
     return 1 if failed else 0
 
 
-def precompute(course: Course, jobs: Sequence[Job], workers: int, part_timeout: float) -> None:
-    """Run the trusted checks for ``jobs`` in ``workers`` parallel processes (results as JSON)."""
-    from distlab.grading import exercise
-    from distlab.grading.nbgrader_hooks import results_path
+class Workers:
+    """Parallel trusted-grading processes (``python -m distlab.grading``), one JSON result per job.
 
-    results = course.root / "trusted"
-    results.mkdir(parents=True, exist_ok=True)
-    chunks = [list(jobs[i::workers]) for i in range(workers) if jobs[i::workers]]
-    running = []
-    for index, chunk in enumerate(chunks):
-        spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
-                 "out": results_path(str(results), j.student, j.assignment)} for j in chunk]
-        for entry in spec:  # a stale result must never be taken for a fresh one
-            Path(entry["out"]).unlink(missing_ok=True)
-        job_file = results / f"worker-{index}.json"
-        job_file.write_text(json.dumps(spec))
-        log = open(results / f"worker-{index}.log", "w")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        parts = max(len(exercise(j.assignment).parts) for j in chunk)
-        budget = len(chunk) * (parts * part_timeout + 30) + 60
-        running.append((proc, log, time.monotonic() + budget))
-    for proc, log, deadline in running:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # our own worker's session, nothing else
-            proc.wait()
-        finally:
+    A missing result (a worker that died or ran past its budget) is not fatal: nbgrader's pass
+    then grades that submission in this process.
+    """
+
+    def __init__(self, course: Course, jobs: Sequence[Job], count: int, part_timeout: float) -> None:
+        from distlab.grading.catalog import entry
+        from distlab.grading.nbgrader_hooks import results_path
+
+        folder = course.root / "trusted"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.out = {j: Path(results_path(str(folder), j.student, j.assignment)) for j in jobs}
+        for path in self.out.values():
+            path.unlink(missing_ok=True)  # a stale result must never be taken for a fresh one
+        self.procs: dict[Job, tuple[subprocess.Popen[bytes], float]] = {}
+        self.logs = []
+        for index in range(count):
+            chunk = list(jobs[index::count])
+            if not chunk:
+                continue
+            spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
+                     "out": str(self.out[j])} for j in chunk]
+            job_file = folder / f"worker-{index}.json"
+            job_file.write_text(json.dumps(spec))
+            log = open(folder / f"worker-{index}.log", "wb")  # noqa: SIM115 - closed in stop()
+            self.logs.append(log)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            parts = max(len(entry(j.assignment).parts) for j in chunk)
+            deadline = time.monotonic() + len(chunk) * (parts * part_timeout + 30) + 60
+            for job in chunk:
+                self.procs[job] = (proc, deadline)
+
+    def wait_for(self, job: Job) -> None:
+        """Until the job's result is written, its worker has ended, or the worker's budget is spent."""
+        proc, deadline = self.procs[job]
+        while not self.out[job].exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None and time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: nothing else
+
+    def stop(self) -> None:
+        for proc, deadline in {id(p): (p, d) for p, d in self.procs.values()}.values():
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in self.logs:
             log.close()
 
 
@@ -145,9 +176,8 @@ def cmd_feedback(args: argparse.Namespace) -> int:
     course = Course(Path(args.course))
     names = [args.assignment] if args.assignment else sorted({r["assignment"] for r in course.scores()})
     for name in names:
-        folder = course.feedback(name)
-    if names:
-        print(f"feedback: {folder}/<student>/<assignment>/<assignment>.html")
+        course.feedback(name)
+    print(f"feedback: {course.root / 'feedback'}/<student>/<assignment>/<assignment>.html")
     return 0
 
 

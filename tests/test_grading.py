@@ -29,7 +29,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def _answer(nb_path: Path) -> str:
-    return solution_source(nbformat.read(nb_path, as_version=4), EX1)
+    return solution_source(nbformat.read(nb_path, as_version=4), EX1.solution_ids)
 
 
 def reference_all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
@@ -126,8 +126,8 @@ def test_only_the_answer_cells_are_graded() -> None:
                                   metadata={"nbgrader": {"grade_id": "all_reduce_rs_ag", "solution": True}}),
         nbformat.v4.new_code_cell("helper = 2"),
     ])
-    assert solution_source(nb, EX1) == "def all_reduce_rs_ag(t):\n    pass"
-    assert solution_source(nbformat.v4.new_notebook(), EX1) == ""
+    assert solution_source(nb, EX1.solution_ids) == "def all_reduce_rs_ag(t):\n    pass"
+    assert solution_source(nbformat.v4.new_notebook(), EX1.solution_ids) == ""
 
 
 def test_results_round_trip_as_json() -> None:
@@ -137,6 +137,15 @@ def test_results_round_trip_as_json() -> None:
 
 
 # --- the notebook and the grader agree --------------------------------------------------------------
+def test_catalog_names_the_parts_each_exercise_grades() -> None:
+    from distlab.grading.catalog import ENTRIES
+
+    for known in ENTRIES:
+        loaded = known.load()
+        assert (loaded.key, loaded.assignment, loaded.function) == (known.key, known.assignment, known.function)
+        assert tuple(p.name for p in loaded.parts) == known.parts
+
+
 def test_notebook_cells_match_the_graded_parts() -> None:
     nb = nbformat.read(SOURCE, as_version=4)
     by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}

@@ -2,8 +2,8 @@
 
 The instructor CLI starts one of these per parallel worker. JOBS.json is a list of
 ``{"student", "assignment", "notebook", "out"}``; each result is written to ``out`` as JSON
-(``SubmissionResult``). The process shares one distlab launcher between its submissions; every
-part still runs on freshly forked ranks.
+(``SubmissionResult``), atomically, as soon as it is ready. The process shares one distlab
+launcher between its submissions; every part still runs on freshly forked ranks.
 """
 
 from __future__ import annotations
@@ -13,11 +13,18 @@ import json
 import os
 import sys
 
-import nbformat
+from distlab.grading.spec import DEFAULT_PART_TIMEOUT
 
-from distlab.grading import exercise
-from distlab.grading.extract import solution_source
-from distlab.grading.runner import DEFAULT_PART_TIMEOUT, grade_submission
+
+def _read_notebook(path: str) -> dict:  # type: ignore[type-arg]
+    """Plain JSON (nbformat's validation is not needed to find two cells); {} if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            nb = json.load(handle)
+    except (OSError, ValueError) as exc:
+        print(f"cannot read {path}: {exc}; graded as an empty answer", file=sys.stderr)
+        return {}
+    return nb if isinstance(nb, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,16 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("jobs", help="JSON file listing the submissions to grade")
     parser.add_argument("--part-timeout", type=float, default=DEFAULT_PART_TIMEOUT)
     args = parser.parse_args(argv)
+
+    from distlab.hub import Hub
+
+    Hub.get()  # the launcher imports torch while this process does the same below
+
+    from distlab.grading.catalog import entry
+    from distlab.grading.extract import solution_source
+    from distlab.grading.runner import grade_submission
+
     with open(args.jobs) as handle:
         jobs = json.load(handle)
     for job in jobs:
-        ex = exercise(job["assignment"])
-        try:
-            nb = nbformat.read(job["notebook"], as_version=4)
-        except (OSError, ValueError) as exc:  # unreadable notebooks are graded as empty answers
-            print(f"{job['student']}: cannot read {job['notebook']}: {exc}", file=sys.stderr)
-            nb = nbformat.v4.new_notebook()
-        result = grade_submission(ex, solution_source(nb, ex), args.part_timeout)
+        known = entry(job["assignment"])
+        source = solution_source(_read_notebook(job["notebook"]), known.solution_ids)
+        result = grade_submission(known.load(), source, args.part_timeout)
         os.makedirs(os.path.dirname(job["out"]) or ".", exist_ok=True)
         tmp = job["out"] + ".tmp"
         with open(tmp, "w") as handle:

@@ -19,10 +19,9 @@ from nbformat.v4 import new_output
 from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 from traitlets import Float, Unicode
 
-from distlab.grading import exercise
+from distlab.grading.catalog import entry
 from distlab.grading.extract import solution_source
-from distlab.grading.runner import DEFAULT_PART_TIMEOUT, grade_submission, source_digest
-from distlab.grading.spec import SubmissionResult
+from distlab.grading.spec import DEFAULT_PART_TIMEOUT, SubmissionResult, source_digest
 
 
 def results_path(results_dir: str, student: str, assignment: str) -> str:
@@ -40,15 +39,18 @@ class TrustedExecute(NbGraderPreprocessor):
     def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         info = resources["nbgrader"]
         try:
-            ex = exercise(info["assignment"])
-        except KeyError:
-            result, ex = None, None
-        if ex is not None:
-            source = solution_source(nb, ex)
-            result = self._computed(info["student"], ex.assignment, source)
+            known = entry(info["assignment"])
+        except KeyError:  # no trusted checks: every test cell fails, nothing passes by default
+            known = None
+        result = None
+        if known is not None:
+            source = solution_source(nb, known.solution_ids)
+            result = self._computed(info["student"], known.assignment, source)
             if result is None:
+                from distlab.grading.runner import grade_submission  # imports torch
+
                 self.log.info("Grading %s in fresh rank processes", info["student"])
-                result = grade_submission(ex, source, self.part_timeout)
+                result = grade_submission(known.load(), source, self.part_timeout)
         parts = result.by_grade_id() if result else {}
         count = 0
         for cell in nb.cells:

@@ -10,7 +10,6 @@ zero and the remaining parts are graded normally.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 import re
@@ -20,11 +19,19 @@ from typing import Any
 
 from distlab.errors import PoolDied, RankError, RankTimeout
 from distlab.grading.harness import CASE_MARK, SUBMISSION_FILE
-from distlab.grading.spec import Batch, Exercise, Part, PartResult, Submission, SubmissionResult
+from distlab.grading.spec import (
+    DEFAULT_PART_TIMEOUT,
+    Batch,
+    Exercise,
+    Part,
+    PartResult,
+    Submission,
+    SubmissionResult,
+    source_digest,
+)
 from distlab.pool import Pool
 from distlab.protocol import RankFailure
 
-DEFAULT_PART_TIMEOUT = 30.0
 MAX_MESSAGE = 900
 
 
@@ -145,10 +152,6 @@ def grade_submission(exercise: Exercise, source: str, part_timeout: float = DEFA
             broken = outcome.message
     result.seconds = time.monotonic() - started
     return result
-
-
-def source_digest(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
 
 
 # --- feedback text ------------------------------------------------------------------------------

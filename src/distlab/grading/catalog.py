@@ -1,0 +1,43 @@
+"""Which exercises can be graded, without importing torch.
+
+The instructor CLI and nbgrader's configuration only need names and cell ids; the checks
+themselves (and torch) are imported by the processes that grade.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from distlab.grading.spec import Exercise
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str          # the short name notebooks use: "ex1"
+    assignment: str   # the nbgrader assignment and notebook name
+    module: str       # where the parts, the rank driver and the judge live
+    function: str     # what the student defines, in the answer cell of the same id
+    parts: tuple[str, ...]
+
+    @property
+    def solution_ids(self) -> tuple[str, ...]:
+        return (self.function,)
+
+    def load(self) -> Exercise:
+        exercise: Exercise = importlib.import_module(self.module).EXERCISE
+        return exercise
+
+
+ENTRIES = (
+    Entry("ex1", "ex1_all_reduce_rs_ag", "distlab.grading.ex1_all_reduce_rs_ag", "all_reduce_rs_ag",
+          ("divisible", "indivisible", "shapes", "dtypes", "ops", "subgroup", "communication")),
+)
+
+
+def entry(name: str) -> Entry:
+    """An exercise by its short key ("ex1") or its assignment name ("ex1_all_reduce_rs_ag")."""
+    for item in ENTRIES:
+        if name in (item.key, item.assignment):
+            return item
+    raise KeyError(f"no exercise {name!r}; known: {', '.join(e.assignment for e in ENTRIES)}")
