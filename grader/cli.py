@@ -111,8 +111,10 @@ def cmd_autograde(args: argparse.Namespace) -> int:
 class Workers:
     """Parallel trusted-grading processes (``python -m distlab.grading``), one JSON result per job.
 
-    A missing result (a worker that died or ran past its budget) is not fatal: nbgrader's pass
-    then grades that submission in this process.
+    Every worker gets the whole list and claims jobs one at a time, so a submission that spends
+    its budget hanging holds up one worker, not a fixed share of the class. A missing result (a
+    worker that died or ran past the budget) is not fatal: nbgrader's pass then grades that
+    submission in this process.
     """
 
     def __init__(self, course: Course, jobs: Sequence[Job], count: int, part_timeout: float) -> None:
@@ -122,43 +124,47 @@ class Workers:
         folder = course.root / "trusted"
         folder.mkdir(parents=True, exist_ok=True)
         self.out = {j: Path(results_path(str(folder), j.student, j.assignment)) for j in jobs}
-        for path in self.out.values():
-            path.unlink(missing_ok=True)  # a stale result must never be taken for a fresh one
-        self.procs: dict[Job, tuple[subprocess.Popen[bytes], float]] = {}
+        for path in self.out.values():  # a stale result must never be taken for a fresh one
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".claim").unlink(missing_ok=True)
+        spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
+                 "out": str(self.out[j])} for j in jobs]
+        job_file = folder / "jobs.json"
+        job_file.write_text(json.dumps(spec))
+        count = max(1, min(count, len(jobs)))
+        parts = max((len(entry(j.assignment).parts) for j in jobs), default=1)
+        rounds = -(-len(jobs) // count)
+        self.deadline = time.monotonic() + rounds * (parts * part_timeout + 30) + 60
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = []
         for index in range(count):
-            chunk = list(jobs[index::count])
-            if not chunk:
-                continue
-            spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
-                     "out": str(self.out[j])} for j in chunk]
-            job_file = folder / f"worker-{index}.json"
-            job_file.write_text(json.dumps(spec))
             log = open(folder / f"worker-{index}.log", "wb")  # noqa: SIM115 - closed in stop()
             self.logs.append(log)
-            proc = subprocess.Popen(
+            self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            parts = max(len(entry(j.assignment).parts) for j in chunk)
-            deadline = time.monotonic() + len(chunk) * (parts * part_timeout + 30) + 60
-            for job in chunk:
-                self.procs[job] = (proc, deadline)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def wait_for(self, job: Job) -> None:
-        """Until the job's result is written, its worker has ended, or the worker's budget is spent."""
-        proc, deadline = self.procs[job]
-        while not self.out[job].exists() and proc.poll() is None and time.monotonic() < deadline:
+        """Until the job's result is written, every worker has ended, or the budget is spent."""
+        while not self.out[job].exists() and time.monotonic() < self.deadline:
+            if all(p.poll() is not None for p in self.procs):
+                return
             time.sleep(0.05)
-        if proc.poll() is None and time.monotonic() >= deadline:
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: nothing else
+        if time.monotonic() >= self.deadline:
+            self._kill()
+
+    def _kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: nothing else
+                proc.wait()
 
     def stop(self) -> None:
-        for proc, deadline in {id(p): (p, d) for p, d in self.procs.values()}.values():
+        for proc in self.procs:
             try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                self._kill()
         for log in self.logs:
             log.close()
 

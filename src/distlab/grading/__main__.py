@@ -1,9 +1,11 @@
 """``python -m distlab.grading JOBS.json``: grade submitted notebooks in this (trusted) process.
 
-The instructor CLI starts one of these per parallel worker. JOBS.json is a list of
-``{"student", "assignment", "notebook", "out"}``; each result is written to ``out`` as JSON
-(``SubmissionResult``), atomically, as soon as it is ready. The process shares one distlab
-launcher between its submissions; every part still runs on freshly forked ranks.
+The instructor CLI starts several of these on the same JOBS.json, a list of
+``{"student", "assignment", "notebook", "out"}``. Each worker claims the next unclaimed job
+(``out + ".claim"``, created exclusively), so a slow submission holds up one worker only; each
+result is written to ``out`` as JSON (``SubmissionResult``), atomically, as soon as it is ready.
+The process shares one distlab launcher between its submissions; every part still runs on
+freshly forked ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ def _read_notebook(path: str) -> dict:  # type: ignore[type-arg]
     return nb if isinstance(nb, dict) else {}
 
 
+def _claim(out: str) -> bool:
+    """True for exactly one of the workers that ask (the claim file is created exclusively)."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    try:
+        os.close(os.open(out + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.grading", description=__doc__)
     parser.add_argument("jobs", help="JSON file listing the submissions to grade")
@@ -44,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.jobs) as handle:
         jobs = json.load(handle)
     for job in jobs:
+        if not _claim(job["out"]):
+            continue
         known = entry(job["assignment"])
         source = solution_source(_read_notebook(job["notebook"]), known.solution_ids)
         result = grade_submission(known.load(), source, args.part_timeout)
