@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "grader" / "fixtures" / "submissions"
+FIXTURES = REPO / "grader" / "fixtures" / "submissions" / "ex1_all_reduce_rs_ag"
 TARGET_SERIAL = 10.0  # seconds per submission, serially
 
 

@@ -22,14 +22,9 @@ from distlab.grading.extract import solution_source
 from distlab.grading.spec import PartResult, SubmissionResult
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCE = REPO / "solutions" / "ex1_all_reduce_rs_ag" / "ex1_all_reduce_rs_ag.ipynb"
 EX1 = exercise("ex1")
 # functions below go to the ranks by value, as a notebook's would (not as an import of this file)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def _answer(nb_path: Path) -> str:
-    return solution_source(nbformat.read(nb_path, as_version=4), EX1.solution_ids)
 
 
 def reference_all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
@@ -146,13 +141,15 @@ def test_catalog_names_the_parts_each_exercise_grades() -> None:
         assert tuple(p.name for p in loaded.parts) == known.parts
 
 
-def test_notebook_cells_match_the_graded_parts() -> None:
-    nb = nbformat.read(SOURCE, as_version=4)
+@pytest.mark.parametrize("name", ["ex1", "ex2"])
+def test_notebook_cells_match_the_graded_parts(name: str) -> None:
+    ex = exercise(name)
+    nb = nbformat.read(REPO / "solutions" / ex.assignment / f"{ex.assignment}.ipynb", as_version=4)
     by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
-    assert by_id["setup"].source == EX1.setup_source  # the grader runs its own copy of this cell
+    assert by_id["setup"].source == ex.setup_source  # the grader runs its own copy of this cell
+    assert by_id[ex.function].metadata.nbgrader.solution
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
-    assert [c.metadata.nbgrader.grade_id for c in tests] == [p.grade_id for p in EX1.parts]
-    assert sum(c.metadata.nbgrader.points for c in tests) == 10
+    assert [c.metadata.nbgrader.grade_id for c in tests] == [p.grade_id for p in ex.parts]
     for cell in tests:
         last = ast.parse(cell.source).body[-1]
         # nbgrader reads a trailing value as partial credit: only calls that return None may end a cell

@@ -1,9 +1,9 @@
 """The grading contract, end to end: real nbgrader, the real CLI, real submissions.
 
-Every fixture in grader/fixtures/submissions is graded once (``python -m grader autograde`` with
-two parallel workers) and the score of every part is pinned below: the solution gets full marks,
-the untouched notebook none, each wrong answer exactly what it earns, and each gaming attempt
-nothing for the part it cheats on.
+Every fixture in grader/fixtures/submissions/<assignment>/ is graded once (``python -m grader
+autograde`` with two parallel workers, one run per assignment into one course) and the score of
+every part is pinned below: the solution gets full marks, the untouched notebook none, each
+wrong answer exactly what it earns, and each gaming attempt nothing for the part it cheats on.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "grader" / "fixtures" / "submissions"
 ASSIGNMENT = "ex1_all_reduce_rs_ag"
+RING = "ex2_ring_all_reduce"
 PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,17 @@ PINNED: dict[str, dict[str, int]] = {
     "gaming_delete_tests": _but(FULL, subgroup=0),  # the subgroup test cell deleted
 }
 
+RING_PARTS = ("divisible", "any_size", "steps", "bytes")
+RING_FULL = dict.fromkeys(RING_PARTS, 2)
+RING_PINNED: dict[str, dict[str, int]] = {
+    "solution": RING_FULL,
+    "untouched": dict.fromkeys(RING_PARTS, 0),
+    "direct_all_reduce": _but(RING_FULL, steps=0, bytes=0),
+    "whole_tensor_ring": _but(RING_FULL, steps=0, bytes=0),  # n - 1 messages, each the whole tensor
+    "mirrored_ring": _but(RING_FULL, steps=0),  # right results, but sends to the left neighbour
+    "reduce_scatter_only": dict.fromkeys(RING_PARTS, 0),
+}
+
 
 def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
@@ -72,34 +83,46 @@ def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Autograde every fixture once, with two parallel grading processes."""
     course = tmp_path_factory.mktemp("course")
-    started = time.monotonic()
-    done = _grader("autograde", str(FIXTURES), "--course", str(course), "--jobs", "2",
-                   "--part-timeout", str(PART_TIMEOUT))
-    seconds = time.monotonic() - started
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stderr == ""
+    stdout = ""
+    for assignment in (ASSIGNMENT, RING):
+        done = _grader("autograde", str(FIXTURES / assignment), "--course", str(course), "--jobs", "2",
+                       "--part-timeout", str(PART_TIMEOUT))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stderr == ""
+        stdout += done.stdout
     export = _grader("export", "--course", str(course))
     assert export.returncode == 0, export.stderr
-    rows = {row["student"]: row for row in csv.DictReader(io.StringIO(export.stdout))}
-    return {"course": course, "rows": rows, "stdout": done.stdout, "seconds": seconds}
+    rows = {(row["student"], row["assignment"]): row for row in csv.DictReader(io.StringIO(export.stdout))}
+    return {"course": course, "rows": rows, "stdout": stdout}
 
 
-def _scores(row: dict[str, str]) -> dict[str, int]:
-    return {part: round(float(row[f"test_{part}"])) for part in PARTS}
+def _scores(row: dict[str, str], parts: tuple[str, ...] = PARTS) -> dict[str, int]:
+    return {part: round(float(row[f"test_{part}"])) for part in parts}
 
 
 @pytest.mark.parametrize("student", sorted(PINNED))
 def test_every_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
-    row = graded["rows"][student]
+    row = graded["rows"][student, ASSIGNMENT]
     assert _scores(row) == PINNED[student]
     assert float(row["max_score"]) == 10  # a test cell that claims 100 points is put back to its own
     assert row["needs_manual_grade"] == "False"
 
 
+@pytest.mark.parametrize("student", sorted(RING_PINNED))
+def test_every_ring_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
+    row = graded["rows"][student, RING]
+    assert _scores(row, RING_PARTS) == RING_PINNED[student]
+    assert float(row["max_score"]) == 8
+    assert row["needs_manual_grade"] == "False"
+
+
 def test_every_submission_is_graded(graded: dict[str, Any]) -> None:
-    assert sorted(graded["rows"]) == sorted(PINNED)
-    assert sorted(p.stem for p in FIXTURES.glob("*.ipynb")) == sorted(PINNED)
+    expected = {(s, ASSIGNMENT) for s in PINNED} | {(s, RING) for s in RING_PINNED}
+    assert set(graded["rows"]) == expected
+    assert sorted(p.stem for p in (FIXTURES / ASSIGNMENT).glob("*.ipynb")) == sorted(PINNED)
+    assert sorted(p.stem for p in (FIXTURES / RING).glob("*.ipynb")) == sorted(RING_PINNED)
     assert f"graded {len(PINNED)} of {len(PINNED)} submissions" in graded["stdout"]
+    assert f"graded {len(RING_PINNED)} of {len(RING_PINNED)} submissions" in graded["stdout"]
 
 
 def test_a_deadlock_costs_only_its_parts_budget(graded: dict[str, Any]) -> None:
@@ -130,7 +153,7 @@ def test_serial_grading_in_process_agrees(graded: dict[str, Any], tmp_path: Path
     folder = tmp_path / "inbox"
     folder.mkdir()
     for name, file_name in (("solution", "Ada Lovelace.ipynb"), ("direct_all_reduce", "bob-v2 (1).ipynb")):
-        (folder / file_name).write_bytes((FIXTURES / f"{name}.ipynb").read_bytes())
+        (folder / file_name).write_bytes((FIXTURES / ASSIGNMENT / f"{name}.ipynb").read_bytes())
     done = _grader("autograde", str(folder), "--course", str(tmp_path / "course"), "--jobs", "1",
                    "--part-timeout", str(PART_TIMEOUT))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -147,8 +170,9 @@ def test_exercises_equal_a_fresh_release() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_released_notebooks_hold_no_solution_or_hidden_test() -> None:
-    source = nbformat.read(REPO / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING])
+def test_released_notebooks_hold_no_solution_or_hidden_test(assignment: str) -> None:
+    source = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
     answer = next(c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("solution"))
     solution_lines = [line.strip() for line in answer.split("### BEGIN SOLUTION")[1].splitlines()
                       if line.strip() and "END SOLUTION" not in line]
@@ -156,7 +180,7 @@ def test_released_notebooks_hold_no_solution_or_hidden_test() -> None:
                     for line in c.source.split("### BEGIN HIDDEN TESTS")[1].splitlines()
                     if line.strip() and "END HIDDEN TESTS" not in line]
     assert solution_lines and hidden_lines
-    for released in (REPO / "exercises").glob("*/*.ipynb"):
+    for released in (REPO / "exercises").glob("*/*.ipynb"):  # no exercise leaks another's answer
         text = released.read_text()
         for marker in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", *solution_lines, *hidden_lines):
             assert json.dumps(marker)[1:-1] not in text, (released.name, marker)
@@ -183,11 +207,12 @@ def _validate(path: Path) -> dict[str, Any]:
     return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
 
 
-def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel() -> None:
-    assert _validate(REPO / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb") == {}
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING])
+def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel(assignment: str) -> None:
+    assert _validate(REPO / "solutions" / assignment / f"{assignment}.ipynb") == {}
 
 
 def test_the_untouched_exercise_fails_in_a_kernel() -> None:
-    failed = _validate(FIXTURES / "untouched.ipynb")["failed"]
+    failed = _validate(FIXTURES / ASSIGNMENT / "untouched.ipynb")["failed"]
     assert len(failed) >= len(PARTS)
     assert all("NotImplementedError" in cell["raw_error"] for cell in failed)

@@ -32,6 +32,8 @@ class Entry:
 ENTRIES = (
     Entry("ex1", "ex1_all_reduce_rs_ag", "distlab.grading.ex1_all_reduce_rs_ag", "all_reduce_rs_ag",
           ("divisible", "indivisible", "shapes", "dtypes", "ops", "subgroup", "communication")),
+    Entry("ex2", "ex2_ring_all_reduce", "distlab.grading.ex2_ring_all_reduce", "ring_all_reduce",
+          ("divisible", "any_size", "steps", "bytes")),
 )
 
 

@@ -27,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 _C10D = torch._C._distributed_c10d
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_dtensor")
-_NEUTRAL_OPS = {"wait_tensor"}  # functional collectives' wait: not a communication of its own
+_NEUTRAL_OPS = {"wait_tensor"}
+_P2P_OPS = {"send", "recv_", "recv_any_source_"}  # functional collectives' wait: not a communication of its own
 
 
 def _numel(value: Any) -> int:
@@ -60,7 +61,10 @@ class _Recorder(TorchDispatchMode):
                 # c10d ops take (outputs, inputs, ...) for gathers and scatters, (tensors, ...) otherwise
                 out = _numel(args[0]) if args else 0
                 inp = _numel(args[1]) if len(args) > 1 else 0
-                self.sink.append({"via": "dispatch", "op": name, "out": out, "in": inp})
+                entry: dict[str, Any] = {"via": "dispatch", "op": name, "out": out, "in": inp}
+                if name in _P2P_OPS and len(args) > 2 and isinstance(args[2], int):
+                    entry["peer"] = args[2]  # send/recv_: (tensors, group, peer rank in the group, tag)
+                self.sink.append(entry)
         return func(*args, **(kwargs or {}))
 
 

@@ -1,0 +1,162 @@
+"""Exercise 2: ring all-reduce from point-to-point messages.
+
+The student writes ``ring_all_reduce(tensor)``: SUM over all ranks, in place, using only
+send/recv (isend/irecv and batch_isend_irecv allowed). A reduce-scatter phase then an
+all-gather phase around the ring: 2(n-1) steps, in each of which every rank sends one chunk
+(1/n of the tensor) to its right neighbour and receives one from its left. Graded on the results
+and on the messages each rank sent: how many, to whom, and how big.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distlab.grading import compare
+from distlab.grading.cases import DTYPES, Case, expected, make_input
+from distlab.grading.spec import Batch, Exercise, Part, Submission
+
+SETUP_SOURCE = '''\
+import torch
+import torch.distributed as dist
+
+import distlab
+import distlab.grading
+from distlab.grading import ex2_ring_all_reduce as ex2'''
+
+FUNCTION = "ring_all_reduce"
+_P2P_PYTHON = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
+
+
+# --- rank side ----------------------------------------------------------------------------------
+def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
+    """On every rank: load the submission under the guard, run each case, return plain records."""
+    import torch.distributed as dist
+
+    from distlab.grading import guard, harness
+
+    watcher = guard.install()  # before the student's source runs
+    fn = harness.load_function(submission, watcher)
+    world_size = dist.get_world_size()
+    records = []
+    for case in cases:
+        tensor = make_input(case, world_size, dist.get_rank())
+        with watcher.watch() as log:
+            harness.call(fn, case.describe(world_size), tensor)
+        records.append({"tensor": harness.tensor_record(tensor), **log})
+    return records
+
+
+# --- trusted side -------------------------------------------------------------------------------
+def ring_problem(record: dict[str, Any], world_size: int, rank: int, numel: int, check: str) -> str | None:
+    """Check one rank's messages: ``check`` is "steps" (count and neighbours) or "bytes" (sizes)."""
+    ops, violations = record.get("ops"), record.get("violations")
+    if not isinstance(ops, list) or not isinstance(violations, list):
+        return "sent back no communication record"
+    if violations:
+        return "tampered with the grader's communication recorder: " + "; ".join(map(str, violations[:3]))
+    entries = [e for e in ops if isinstance(e, dict)]
+    other = sorted({compare.readable(e) for e in entries
+                    if (e.get("via") == "dispatch" and e.get("op") not in ("send", "recv_"))
+                    or e.get("via") in ("backend", "store")
+                    or (e.get("via") == "python" and e.get("op") not in _P2P_PYTHON)})
+    if other:
+        return f"used {', '.join(other)}; only send/recv (isend/irecv) are allowed here"
+    sends = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "send"]
+    recvs = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "recv_"]
+    steps = 2 * (world_size - 1)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    if check == "steps":
+        if len(sends) != steps or len(recvs) != steps:
+            return (f"sent {len(sends)} and received {len(recvs)} messages; a ring all-reduce on "
+                    f"{world_size} ranks takes 2(n-1) = {steps} steps (n-1 to reduce-scatter, n-1 to "
+                    f"all-gather), one send and one receive per step")
+        wrong = sorted({int(e.get("peer", -1)) for e in sends if e.get("peer") != right})
+        if wrong:
+            return f"sent to rank {wrong[0]}; in the ring each rank sends only to its right neighbour {right}"
+        wrong = sorted({int(e.get("peer", -1)) for e in recvs if e.get("peer") != left})
+        if wrong:
+            return f"received from rank {wrong[0]}; each rank receives only from its left neighbour {left}"
+        return None
+    chunk = -(-numel // world_size)
+    biggest = max((int(e.get("out") or 0) for e in sends), default=0)
+    if biggest > chunk:
+        return (f"sent {biggest} elements in one message; a step carries one chunk, at most "
+                f"ceil(numel / n) = {chunk} elements")
+    total = sum(int(e.get("out") or 0) for e in sends)
+    if total > steps * chunk:
+        return f"sent {total} elements in all, more than 2(n-1) chunks = {steps * chunk}"
+    return None
+
+
+def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
+    """None when every rank's tensor is the sum (and, for steps/bytes, the messages are a ring's)."""
+    ws = batch.world_size
+    check = part.name.removeprefix("try_")
+    for index, case in enumerate(batch.cases):
+        text = case.describe(ws)
+        for rank in range(ws):
+            record = compare.record(records, rank, index)
+            if record is None:
+                return f"{text}: rank {rank} sent back no result"
+            problem = compare.tensor_problem(record.get("tensor"), expected(case, ws, rank),
+                                             exact=case.dtype == "int64",
+                                             original=make_input(case, ws, rank))
+            if problem is None and check in ("steps", "bytes"):
+                problem = ring_problem(record, ws, rank, case.numel, check)
+            if problem:
+                return f"{text}: rank {rank} {problem}"
+    return None
+
+
+def _batch(world_size: int, *cases: Case) -> Batch:
+    return Batch(world_size, cases)
+
+
+PARTS = (
+    Part("divisible", "sizes divisible by the world size", (
+        _batch(3, Case((6,)), Case((9,))),
+        _batch(4, Case((8,)), Case((16,))),
+    )),
+    Part("any_size", "any size, shape and dtype, fewer elements than ranks", (
+        _batch(3, Case((7,)), Case((2,)), Case((1,)), Case((2, 5)), Case(()), Case((7,), "int64"),
+               Case((5,), "float64")),
+        _batch(4, Case((5,)), Case((3,))),
+    )),
+    Part("steps", "2(n-1) steps, each a send to the right and a receive from the left", (
+        _batch(4, Case((16,)), Case((7,))),
+        _batch(3, Case((9,))),
+    )),
+    Part("bytes", "each step sends one chunk: 1/n of the tensor", (
+        _batch(4, Case((16,)), Case((10,))),
+        _batch(3, Case((9,))),
+    )),
+)
+
+EXERCISE = Exercise(
+    key="ex2",
+    assignment="ex2_ring_all_reduce",
+    function=FUNCTION,
+    solution_ids=(FUNCTION,),
+    setup_source=SETUP_SOURCE,
+    parts=PARTS,
+    rank_main=rank_main,
+    judge=judge,
+)
+
+
+def try_case(fn: Any, world_size: int = 3, shape: tuple[int, ...] = (6,), dtype: str = "float32",
+             check: str | None = None, timeout: float = 30.0) -> None:
+    """Run ``fn`` on fresh ranks for one case; raise AssertionError with what went wrong.
+
+    ``check="steps"`` also checks the number of messages and their neighbours, ``check="bytes"``
+    their sizes. For the learner's own kernel; the grade is decided by the grader.
+    """
+    from distlab.grading import runner
+
+    if dtype not in DTYPES or check not in (None, "steps", "bytes"):
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} and check None, 'steps' or 'bytes'")
+    batch = Batch(world_size, (Case(tuple(shape), dtype),))
+    part = Part(f"try_{check}", "one case", (batch,))
+    message = runner.run_batch(EXERCISE, Submission(FUNCTION, fn=fn), part, batch, timeout)
+    if message:
+        raise AssertionError(message)
