@@ -1,8 +1,8 @@
 """The grading contract, end to end: real nbgrader, the real CLI, real submissions.
 
 Every fixture in grader/fixtures/submissions/<assignment>/ is graded once by ``python -m grader
-autograde`` into one course (exercise 1 with two parallel workers, exercise 2 serially, in the
-nbgrader process, so both paths are covered) and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
+autograde`` into one course (exercise 1 with two parallel workers; exercises 2 and 3 together,
+from one folder, serially in the nbgrader process, so both paths are covered) and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
 wrong answer exactly what it earns, and each gaming attempt nothing for the part it cheats on.
 """
 
@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "grader" / "fixtures" / "submissions"
 ASSIGNMENT = "ex1_all_reduce_rs_ag"
 RING = "ex2_ring_all_reduce"
+TREE = "ex3_tree_broadcast"
 PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
@@ -71,6 +72,17 @@ RING_PINNED: dict[str, dict[str, int]] = {
     "reduce_scatter_only": dict.fromkeys(RING_PARTS, 0),
 }
 
+TREE_PARTS = ("from_zero", "any_source", "any_world_size", "rounds")
+TREE_FULL = dict.fromkeys(TREE_PARTS, 2)
+TREE_PINNED: dict[str, dict[str, int]] = {
+    "solution": TREE_FULL,
+    "untouched": dict.fromkeys(TREE_PARTS, 0),
+    "direct_broadcast": _but(TREE_FULL, rounds=0),
+    "chain": _but(TREE_FULL, rounds=0),  # n - 1 rounds
+    "star": _but(TREE_FULL, rounds=0),  # n - 1 rounds, all from the source
+    "source_zero_only": _but(dict.fromkeys(TREE_PARTS, 0), from_zero=2),
+}
+
 
 def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
@@ -83,9 +95,11 @@ def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Autograde every fixture once, with two parallel grading processes."""
     course = tmp_path_factory.mktemp("course")
-    inbox = tmp_path_factory.mktemp("inbox")  # file names as students send them
-    for fixture in (FIXTURES / RING).glob("*.ipynb"):
-        (inbox / f"{fixture.stem.replace('_', ' ').title()} (2).ipynb").write_bytes(fixture.read_bytes())
+    inbox = tmp_path_factory.mktemp("inbox")  # two assignments, file names as students send them
+    for assignment, mark in ((RING, 2), (TREE, 3)):
+        for fixture in (FIXTURES / assignment).glob("*.ipynb"):
+            name = f"{fixture.stem.replace('_', ' ').title()} ({mark}).ipynb"
+            (inbox / name).write_bytes(fixture.read_bytes())
     stdout = ""
     for folder, jobs in ((FIXTURES / ASSIGNMENT, "2"), (inbox, "1")):
         done = _grader("autograde", str(folder), "--course", str(course), "--jobs", jobs,
@@ -111,26 +125,37 @@ def test_every_part_scores_what_it_earns(graded: dict[str, Any], student: str) -
     assert row["needs_manual_grade"] == "False"
 
 
-def _ring_student(fixture: str) -> str:
+def _student(fixture: str, mark: int = 2) -> str:
     """The id `python -m grader` makes of "Whole Tensor Ring (2).ipynb"."""
-    return fixture.replace("_", " ").title().replace(" ", "_") + "_2"
+    return fixture.replace("_", " ").title().replace(" ", "_") + f"_{mark}"
 
 
 @pytest.mark.parametrize("student", sorted(RING_PINNED))
 def test_every_ring_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
-    row = graded["rows"][_ring_student(student), RING]
+    row = graded["rows"][_student(student, 2), RING]
     assert _scores(row, RING_PARTS) == RING_PINNED[student]
     assert float(row["max_score"]) == 8
     assert row["needs_manual_grade"] == "False"
 
 
+@pytest.mark.parametrize("student", sorted(TREE_PINNED))
+def test_every_tree_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
+    row = graded["rows"][_student(student, 3), TREE]
+    assert _scores(row, TREE_PARTS) == TREE_PINNED[student]
+    assert float(row["max_score"]) == 8
+    assert row["needs_manual_grade"] == "False"
+
+
 def test_every_submission_is_graded(graded: dict[str, Any]) -> None:
-    expected = {(s, ASSIGNMENT) for s in PINNED} | {(_ring_student(s), RING) for s in RING_PINNED}
+    expected = ({(s, ASSIGNMENT) for s in PINNED} | {(_student(s, 2), RING) for s in RING_PINNED}
+                | {(_student(s, 3), TREE) for s in TREE_PINNED})
     assert set(graded["rows"]) == expected
     assert sorted(p.stem for p in (FIXTURES / ASSIGNMENT).glob("*.ipynb")) == sorted(PINNED)
     assert sorted(p.stem for p in (FIXTURES / RING).glob("*.ipynb")) == sorted(RING_PINNED)
+    assert sorted(p.stem for p in (FIXTURES / TREE).glob("*.ipynb")) == sorted(TREE_PINNED)
     assert f"graded {len(PINNED)} of {len(PINNED)} submissions" in graded["stdout"]
-    assert f"graded {len(RING_PINNED)} of {len(RING_PINNED)} submissions" in graded["stdout"]
+    both = len(RING_PINNED) + len(TREE_PINNED)
+    assert f"graded {both} of {both} submissions" in graded["stdout"]
 
 
 def test_a_deadlock_costs_only_its_parts_budget(graded: dict[str, Any]) -> None:
@@ -163,7 +188,7 @@ def test_exercises_equal_a_fresh_release() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE])
 def test_released_notebooks_hold_no_solution_or_hidden_test(assignment: str) -> None:
     source = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
     answer = next(c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("solution"))
@@ -200,7 +225,7 @@ def _validate(path: Path) -> dict[str, Any]:
     return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE])
 def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel(assignment: str) -> None:
     assert _validate(REPO / "solutions" / assignment / f"{assignment}.ipynb") == {}
 

@@ -34,6 +34,8 @@ ENTRIES = (
           ("divisible", "indivisible", "shapes", "dtypes", "ops", "subgroup", "communication")),
     Entry("ex2", "ex2_ring_all_reduce", "distlab.grading.ex2_ring_all_reduce", "ring_all_reduce",
           ("divisible", "any_size", "steps", "bytes")),
+    Entry("ex3", "ex3_tree_broadcast", "distlab.grading.ex3_tree_broadcast", "tree_broadcast",
+          ("from_zero", "any_source", "any_world_size", "rounds")),
 )
 
 
