@@ -39,6 +39,13 @@ def cmdline(pid: int) -> list[str]:
 
 def listening_addresses(pid: int) -> list[str]:
     """Local addresses ('127.0.0.1:port' or hex for IPv6) of the TCP sockets ``pid`` listens on."""
+    try:
+        return _listening(pid)
+    except FileNotFoundError:
+        return []  # the process ended while we looked: it listens on nothing
+
+
+def _listening(pid: int) -> list[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:

@@ -19,10 +19,10 @@ import time
 from multiprocessing.connection import Connection
 
 from distlab import protocol
-from distlab.protocol import KillGeneration, LauncherHello, RankExited, Shutdown, SignalRanks, SpawnRanks
+from distlab.protocol import KillGeneration, LauncherHello, RankExited, Shutdown, SpawnRanks
 
 POLL_SECONDS = 0.02
-EXTRAS_AFTER_IDLE = 0.5
+EXTRAS_AFTER_IDLE = 3.0  # seconds without requests before the optional preload starts
 
 
 def die_with_parent() -> None:
@@ -84,13 +84,6 @@ class Launcher:
     def handle(self, message: protocol.Message) -> None:
         if isinstance(message, SpawnRanks):
             self.spawn(message)
-        elif isinstance(message, SignalRanks):
-            for pid in message.pids:
-                if pid in self.children:  # only our own, still unreaped, children
-                    try:
-                        os.kill(pid, message.signum)
-                    except ProcessLookupError:
-                        pass
         elif isinstance(message, KillGeneration):
             for pid, (pool_id, generation, _) in self.children.items():
                 if (pool_id, generation) == (message.pool_id, message.generation):

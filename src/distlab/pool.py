@@ -13,6 +13,7 @@ import os
 import pickle
 import secrets
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from distlab import codeship, protocol
 from distlab.backends import resolve_backend
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
 from distlab.hub import Hub
-from distlab.protocol import Display, Done, KillGeneration, Output, RankFailure, RankReady, SignalRanks, SpawnRanks
+from distlab.protocol import Display, Done, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
 from distlab.report import format_failures, format_stacks, rank_label
 
 START_TIMEOUT = 120.0
@@ -250,13 +251,29 @@ class Pool:
         return waiter.conclude(timeout, cell_lines or {})
 
     # --- used by the waiter -------------------------------------------------------------------
+    def signal_ranks(self, ranks: Sequence[int], signum: int) -> None:
+        """Signal our own ranks directly, without a hop through the launcher (which may be busy).
+
+        Only ranks whose connection is still open are signalled: a rank that died closed it, so a
+        recycled pid is never hit.
+        """
+        for rank in ranks:
+            handle = self.handles.get(rank)
+            if handle is None or handle.conn.closed:
+                continue
+            try:
+                if handle.conn.poll(0) and not _still_open(handle.conn):
+                    continue
+                os.kill(handle.pid, signum)
+            except (ProcessLookupError, OSError):
+                pass
+
     def take_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         """Every listed rank's Python stack, dumped by faulthandler on SIGUSR1."""
         paths = {r: self.hub.stack_path(self.pool_id, self.generation, r) for r in ranks}
         for path in paths.values():
             open(path, "w").close()
-        pids = tuple(self.handles[r].pid for r in ranks if r in self.handles)
-        self.hub.send_launcher(SignalRanks(pids, int(signal.SIGUSR1)))
+        self.signal_ranks(ranks, signal.SIGUSR1)
         deadline = time.monotonic() + STACK_WAIT
         sizes: dict[int, int] = {}
         while time.monotonic() < deadline:
@@ -279,6 +296,17 @@ class Pool:
             self.start()
         return (f"Rank state was lost: every rank was stopped and the pool restarted with "
                 f"{self.world_size} fresh ranks ({self.backend}).")
+
+
+def _still_open(conn: Connection) -> bool:
+    """False when the peer has closed: a zero-byte read on the socket, without consuming data."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    finally:
+        sock.close()
 
 
 def _size(path: str) -> int:
@@ -324,8 +352,7 @@ class _Waiter:
                 self.first_bad = time.monotonic()
 
     def _signal_pending(self, signum: int) -> None:
-        pids = tuple(self.pool.handles[r].pid for r in self.pending if r in self.pool.handles)
-        self.pool.hub.send_launcher(SignalRanks(pids, int(signum)))
+        self.pool.signal_ranks(sorted(self.pending), signum)
 
     def _pump(self, timeout: float) -> None:
         pool = self.pool

@@ -51,13 +51,6 @@ class SpawnRanks:
 
 
 @dataclass(frozen=True)
-class SignalRanks:
-    pids: tuple[int, ...]
-    signum: int
-    kind: Literal["signal"] = "signal"
-
-
-@dataclass(frozen=True)
 class KillGeneration:
     """Kill every rank of one pool generation, including ranks that have not connected yet."""
 
@@ -175,13 +168,13 @@ class Stop:
 
 
 Message = Union[
-    SpawnRanks, SignalRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
+    SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
     Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
 ]
 Task = Union[RunCell, RunFunction, Pull, Push]
 
 _ALLOWED = {cls.__name__: cls for cls in (
-    RankFailure, SpawnRanks, SignalRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
+    RankFailure, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
     RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
 )}
 
