@@ -195,3 +195,10 @@ def test_start_stop_and_restart(kernel: KernelSession) -> None:
     reply = kernel.execute("%dist_pull marker")
     assert reply.error is not None and "marker" in reply.traceback  # rank state is gone after a restart
     kernel.execute("%%dist -n 4\npass")
+
+
+def test_c_level_writes_and_unfinished_lines_arrive_before_the_cell_ends(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 4\nimport os\nos.write(1, b'from C\\n')\nprint('no newline', end='')")
+    assert reply.error is None, reply.traceback
+    for r in range(4):
+        assert f"[rank {r}] from C" in reply.stdout and f"[rank {r}] no newline" in reply.stdout

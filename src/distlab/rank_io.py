@@ -1,9 +1,9 @@
 """A rank's output: file descriptors 1 and 2 captured and forwarded to the kernel line by line.
 
 Capturing at the descriptor level catches what C++ (gloo, NCCL) writes as well as print().
-Every pipe is drained by its own thread, so a rank that writes megabytes never blocks. A sync
-marker written through each pipe guarantees that all output of a task reaches the kernel before
-the task's result does.
+Every pipe is drained by its own thread, so a rank that writes megabytes never blocks. When a
+task ends, the rank drains the pipes itself before it reports, so all output of a task reaches
+the kernel before the task's result does.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import select
 import signal
 import sys
 import threading
@@ -25,41 +26,59 @@ current_display: Callable[..., None] | None = None  # the rank's display(), once
 
 
 class _Forwarder(threading.Thread):
+    """Reads one pipe and sends its lines to the kernel.
+
+    The thread and ``flush`` (called by the rank's main thread when a task ends) read the pipe
+    under one lock, so after ``flush`` returns every byte written before it has been sent.
+    """
+
     def __init__(self, fd: int, stream: str, rank: int, send: Send) -> None:
         super().__init__(daemon=True, name=f"distlab-{stream}")
         self.fd = fd
         self.stream = stream
         self.rank = rank
         self.send = send
-        self.marker = b""
-        self.seen = threading.Event()
+        self.lock = threading.Lock()
+        self.pending = b""
+        os.set_blocking(fd, False)
 
     def run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGUSR1})
-        pending = b""
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN | select.POLLHUP)
+        open_ = True
+        while open_:
+            poller.poll()
+            with self.lock:
+                open_ = self._drain(final=False)
+
+    def flush(self) -> None:
+        with self.lock:
+            self._drain(final=True)
+
+    def _drain(self, final: bool) -> bool:
+        """Read what the pipe holds and send whole lines (everything when ``final``); False at EOF."""
+        open_ = True
         while True:
             try:
                 chunk = os.read(self.fd, CHUNK)
+            except BlockingIOError:
+                break
             except OSError:
-                return
+                open_ = False
+                break
             if not chunk:
-                return
-            pending += chunk
-            marker = self.marker
-            if marker and marker in pending:
-                before, _, pending = pending.partition(marker)
-                self._emit(before)
-                self.seen.set()
-            cut = pending.rfind(b"\n") + 1
-            if cut and not (self.marker and self.marker[:1] in pending[cut:]):
-                self._emit(pending[:cut])
-                pending = pending[cut:]
-            elif len(pending) > CHUNK:
-                self._emit(pending)
-                pending = b""
+                open_ = False
+                break
+            self.pending += chunk
+            self._emit_lines(final=False)
+        self._emit_lines(final=final or not open_)
+        return open_
 
-    def _emit(self, data: bytes) -> None:
-        if data:
+    def _emit_lines(self, final: bool) -> None:
+        cut = len(self.pending) if final or len(self.pending) > CHUNK else self.pending.rfind(b"\n") + 1
+        if cut:
+            data, self.pending = self.pending[:cut], self.pending[cut:]
             self.send(Output(self.rank, self.stream, data.decode("utf-8", "replace")))  # type: ignore[arg-type]
 
 
@@ -77,24 +96,16 @@ class CapturedOutput:
             self.forwarders.append(forwarder)
         sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), line_buffering=True, write_through=True)
         sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), line_buffering=True, write_through=True)
-        self._count = 0
 
-    def sync(self, timeout: float = 2.0) -> None:
+    def sync(self) -> None:
         """Return once everything written so far has been sent to the kernel."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        self._count += 1
-        token = f"\x00distlab-sync-{os.getpid()}-{self._count}\x00".encode()
-        for forwarder, fd in zip(self.forwarders, (1, 2), strict=True):
-            forwarder.seen.clear()
-            forwarder.marker = token
-            os.write(fd, token)
         for forwarder in self.forwarders:
-            forwarder.seen.wait(timeout)
-            forwarder.marker = b""
+            forwarder.flush()
 
 
 def mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:

@@ -267,7 +267,7 @@ def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:
     try:
         rank.join(store_socket)
     except BaseException:  # noqa: BLE001 - tell the kernel why this rank could not join, then exit
-        rank.output.sync(timeout=0.5)
+        rank.output.sync()
         rank.send(RankReady(spec.rank, spec.backend, "", error=traceback.format_exc()))
         return 1
     if store_socket is not None:
@@ -275,7 +275,7 @@ def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:
     try:
         rank.serve()
     finally:
-        rank.output.sync(timeout=0.5)
+        rank.output.sync()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
