@@ -9,6 +9,7 @@ closes or its parent changes, it kills its ranks and exits.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -42,6 +43,8 @@ def preload() -> None:
 
     import distlab.worker  # noqa: F401
 
+    gc.freeze()  # what was imported is permanent: ranks' collections skip it (and pages stay shared)
+
 
 def preload_extras() -> None:
     """What training cells import (optimizers pull in torch._dynamo, about a second per rank),
@@ -51,6 +54,7 @@ def preload_extras() -> None:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - an optional speed-up; ranks import it themselves if needed
             print(f"distlab launcher: could not preload {name}: {exc}", file=sys.stderr)
+    gc.freeze()
 
 
 class Launcher:
