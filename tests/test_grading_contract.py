@@ -1,7 +1,7 @@
 """The grading contract, end to end: real nbgrader, the real CLI, real submissions.
 
 Every fixture in grader/fixtures/submissions/<assignment>/ is graded once by ``python -m grader
-autograde`` into one course (exercise 1 with two parallel workers; exercises 2 and 3 together,
+autograde`` into one course (exercise 1 with two parallel workers; exercises 2 to 4 together,
 from one folder, serially in the nbgrader process, so both paths are covered) and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
 wrong answer exactly what it earns, and each gaming attempt nothing for the part it cheats on.
 """
@@ -25,6 +25,7 @@ FIXTURES = REPO / "grader" / "fixtures" / "submissions"
 ASSIGNMENT = "ex1_all_reduce_rs_ag"
 RING = "ex2_ring_all_reduce"
 TREE = "ex3_tree_broadcast"
+SHUFFLE = "ex4_all_to_all"
 PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
@@ -83,6 +84,20 @@ TREE_PINNED: dict[str, dict[str, int]] = {
     "source_zero_only": _but(dict.fromkeys(TREE_PARTS, 0), from_zero=2),
 }
 
+SHUFFLE_PARTS = ("equal_chunks", "uneven_chunks", "messages")
+SHUFFLE_FULL = dict.fromkeys(SHUFFLE_PARTS, 2)
+SHUFFLE_PINNED: dict[str, dict[str, int]] = {
+    "solution": SHUFFLE_FULL,
+    "batched": SHUFFLE_FULL,  # batch_isend_irecv is point-to-point too
+    "untouched": dict.fromkeys(SHUFFLE_PARTS, 0),
+    "direct_all_to_all": _but(dict.fromkeys(SHUFFLE_PARTS, 0), equal_chunks=2),  # gloo: equal sizes only
+    "forgot_own_chunk": dict.fromkeys(SHUFFLE_PARTS, 0),
+    "split_messages": _but(SHUFFLE_FULL, messages=0),  # two messages per pair
+}
+# assignment -> (file-name mark, parts, pins, max score), for the exercises graded from one inbox
+SERIAL = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
+          SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6)}
+
 
 def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
@@ -96,7 +111,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Autograde every fixture once, with two parallel grading processes."""
     course = tmp_path_factory.mktemp("course")
     inbox = tmp_path_factory.mktemp("inbox")  # two assignments, file names as students send them
-    for assignment, mark in ((RING, 2), (TREE, 3)):
+    for assignment, (mark, *_) in SERIAL.items():
         for fixture in (FIXTURES / assignment).glob("*.ipynb"):
             name = f"{fixture.stem.replace('_', ' ').title()} ({mark}).ipynb"
             (inbox / name).write_bytes(fixture.read_bytes())
@@ -130,32 +145,27 @@ def _student(fixture: str, mark: int = 2) -> str:
     return fixture.replace("_", " ").title().replace(" ", "_") + f"_{mark}"
 
 
-@pytest.mark.parametrize("student", sorted(RING_PINNED))
-def test_every_ring_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
-    row = graded["rows"][_student(student, 2), RING]
-    assert _scores(row, RING_PARTS) == RING_PINNED[student]
-    assert float(row["max_score"]) == 8
-    assert row["needs_manual_grade"] == "False"
-
-
-@pytest.mark.parametrize("student", sorted(TREE_PINNED))
-def test_every_tree_part_scores_what_it_earns(graded: dict[str, Any], student: str) -> None:
-    row = graded["rows"][_student(student, 3), TREE]
-    assert _scores(row, TREE_PARTS) == TREE_PINNED[student]
-    assert float(row["max_score"]) == 8
+@pytest.mark.parametrize(("assignment", "student"),
+                         [(a, s) for a, (_, _, pins, _) in SERIAL.items() for s in sorted(pins)])
+def test_every_part_of_exercises_2_to_4_scores_what_it_earns(
+        graded: dict[str, Any], assignment: str, student: str) -> None:
+    mark, parts, pins, top = SERIAL[assignment]
+    row = graded["rows"][_student(student, mark), assignment]
+    assert _scores(row, parts) == pins[student]
+    assert float(row["max_score"]) == top
     assert row["needs_manual_grade"] == "False"
 
 
 def test_every_submission_is_graded(graded: dict[str, Any]) -> None:
-    expected = ({(s, ASSIGNMENT) for s in PINNED} | {(_student(s, 2), RING) for s in RING_PINNED}
-                | {(_student(s, 3), TREE) for s in TREE_PINNED})
-    assert set(graded["rows"]) == expected
+    expected = {(s, ASSIGNMENT) for s in PINNED}
     assert sorted(p.stem for p in (FIXTURES / ASSIGNMENT).glob("*.ipynb")) == sorted(PINNED)
-    assert sorted(p.stem for p in (FIXTURES / RING).glob("*.ipynb")) == sorted(RING_PINNED)
-    assert sorted(p.stem for p in (FIXTURES / TREE).glob("*.ipynb")) == sorted(TREE_PINNED)
+    for assignment, (mark, _, pins, _) in SERIAL.items():
+        expected |= {(_student(s, mark), assignment) for s in pins}
+        assert sorted(p.stem for p in (FIXTURES / assignment).glob("*.ipynb")) == sorted(pins)
+    assert set(graded["rows"]) == expected
     assert f"graded {len(PINNED)} of {len(PINNED)} submissions" in graded["stdout"]
-    both = len(RING_PINNED) + len(TREE_PINNED)
-    assert f"graded {both} of {both} submissions" in graded["stdout"]
+    serial = sum(len(pins) for _, _, pins, _ in SERIAL.values())
+    assert f"graded {serial} of {serial} submissions" in graded["stdout"]
 
 
 def test_a_deadlock_costs_only_its_parts_budget(graded: dict[str, Any]) -> None:
@@ -188,20 +198,24 @@ def test_exercises_equal_a_fresh_release() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE])
 def test_released_notebooks_hold_no_solution_or_hidden_test(assignment: str) -> None:
     source = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    answer = next(c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("solution"))
-    solution_lines = [line.strip() for line in answer.split("### BEGIN SOLUTION")[1].splitlines()
-                      if line.strip() and "END SOLUTION" not in line]
-    hidden_lines = [line.strip() for c in source.cells if "BEGIN HIDDEN TESTS" in c.source
-                    for line in c.source.split("### BEGIN HIDDEN TESTS")[1].splitlines()
-                    if line.strip() and "END HIDDEN TESTS" not in line]
-    assert solution_lines and hidden_lines
-    for released in (REPO / "exercises").glob("*/*.ipynb"):  # no exercise leaks another's answer
-        text = released.read_text()
-        for marker in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", *solution_lines, *hidden_lines):
-            assert json.dumps(marker)[1:-1] not in text, (released.name, marker)
+    secret, public = set(), set()
+    for cell in source.cells:
+        inside = False
+        for line in cell.source.splitlines():
+            if "### BEGIN SOLUTION" in line or "### BEGIN HIDDEN TESTS" in line:
+                inside = True
+            elif "### END SOLUTION" in line or "### END HIDDEN TESTS" in line:
+                inside = False
+            elif line.strip():
+                (secret if inside else public).add(line.strip())
+    secret -= public  # a line the students see elsewhere in the notebook gives nothing away
+    assert len(secret) > 3
+    released = (REPO / "exercises" / assignment / f"{assignment}.ipynb").read_text()
+    for line in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", *sorted(secret)):
+        assert json.dumps(line)[1:-1] not in released, line
 
 
 def test_fixtures_follow_the_released_notebook() -> None:
@@ -225,7 +239,7 @@ def _validate(path: Path) -> dict[str, Any]:
     return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE])
 def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel(assignment: str) -> None:
     assert _validate(REPO / "solutions" / assignment / f"{assignment}.ipynb") == {}
 

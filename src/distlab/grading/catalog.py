@@ -36,6 +36,8 @@ ENTRIES = (
           ("divisible", "any_size", "steps", "bytes")),
     Entry("ex3", "ex3_tree_broadcast", "distlab.grading.ex3_tree_broadcast", "tree_broadcast",
           ("from_zero", "any_source", "any_world_size", "rounds")),
+    Entry("ex4", "ex4_all_to_all", "distlab.grading.ex4_all_to_all", "all_to_all_p2p",
+          ("equal_chunks", "uneven_chunks", "messages")),
 )
 
 

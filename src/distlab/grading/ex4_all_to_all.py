@@ -1,0 +1,185 @@
+"""Exercise 4: all_to_all from point-to-point messages.
+
+The student writes ``all_to_all_p2p(output_list, input_list)``, like ``dist.all_to_all``: rank r
+sends ``input_list[j]`` to rank j and receives rank j's chunk for r into ``output_list[j]``. Chunks
+may differ in size from pair to pair (the sizes come from the caller). Only send/recv
+(isend/irecv, batch_isend_irecv): one message to each other rank, nothing to itself.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distlab.grading import compare, harness
+from distlab.grading.cases import DTYPES
+from distlab.grading.spec import Batch, Exercise, Part, Submission
+
+SETUP_SOURCE = '''\
+import torch
+import torch.distributed as dist
+
+import distlab
+import distlab.grading
+from distlab.grading import ex4_all_to_all as ex4'''
+
+FUNCTION = "all_to_all_p2p"
+_P2P_PYTHON = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """``sizes[i][j]``: rows rank i sends to rank j; each row has shape ``row``."""
+
+    sizes: tuple[tuple[int, ...], ...]
+    row: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    def describe(self, world_size: int) -> str:
+        text = f"world_size={world_size}, sizes={[list(r) for r in self.sizes]}"
+        return text + (f", rows of shape {self.row}" if self.row else "") + f", {self.dtype}"
+
+    def chunk(self, src: int, dst: int) -> torch.Tensor:
+        """What rank ``src`` sends to rank ``dst``: deterministic, so the grader rebuilds it."""
+        gen = torch.Generator().manual_seed(zlib.crc32(repr((self, src, dst)).encode()))
+        shape = (self.sizes[src][dst], *self.row)
+        if self.dtype == "int64":
+            return torch.randint(-100, 100, shape, generator=gen, dtype=torch.int64)
+        return (torch.randint(-80, 80, shape, generator=gen) / 8).to(DTYPES[self.dtype])
+
+    def numel(self, src: int, dst: int) -> int:
+        return self.sizes[src][dst] * math.prod(self.row)
+
+
+# --- rank side ----------------------------------------------------------------------------------
+def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
+    """On every rank: load the submission under the guard, run each case, return plain records."""
+    import torch.distributed as dist
+
+    from distlab.grading import guard
+
+    watcher = guard.install()  # before the student's source runs
+    fn = harness.load_function(submission, watcher)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    records = []
+    for case in cases:
+        inputs = [case.chunk(rank, dst) for dst in range(world_size)]
+        # outputs start as noise, so a chunk that never arrives shows
+        outputs = [torch.full_like(case.chunk(src, rank), -7) for src in range(world_size)]
+        with watcher.watch() as log:
+            harness.call(fn, case.describe(world_size), outputs, inputs)
+        records.append({"outputs": [harness.tensor_record(t) for t in outputs], **log})
+    return records
+
+
+# --- trusted side -------------------------------------------------------------------------------
+def messages_problem(record: dict[str, Any], case: Case, world_size: int, rank: int) -> str | None:
+    """One message to and one from every other rank, each exactly the chunk, nothing else."""
+    ops, violations = record.get("ops"), record.get("violations")
+    if not isinstance(ops, list) or not isinstance(violations, list):
+        return "sent back no communication record"
+    if violations:
+        return "tampered with the grader's communication recorder: " + "; ".join(map(str, violations[:3]))
+    entries = [e for e in ops if isinstance(e, dict)]
+    other = sorted({compare.readable(e) for e in entries
+                    if (e.get("via") == "dispatch" and e.get("op") not in ("send", "recv_"))
+                    or e.get("via") in ("backend", "store")
+                    or (e.get("via") == "python" and e.get("op") not in _P2P_PYTHON)})
+    if other:
+        return f"used {', '.join(other)}; only send/recv (isend/irecv) are allowed here"
+    sends = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "send"]
+    recvs = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "recv_"]
+    others = sorted(set(range(world_size)) - {rank})
+    for kind, found in (("sent", sends), ("received", recvs)):
+        peers = sorted(int(e.get("peer", -1)) for e in found)
+        if rank in peers:
+            return f"{kind} a message to itself; its own chunk is a local copy"
+        if peers != others:
+            return f"{kind} messages to/from ranks {peers}; expected exactly one per other rank {others}"
+    for entry in sends:
+        peer = int(entry.get("peer", -1))
+        if int(entry.get("out") or 0) != case.numel(rank, peer):
+            return (f"sent {entry.get('out')} elements to rank {peer}; its chunk has "
+                    f"{case.numel(rank, peer)}: send each chunk as it is, once")
+    return None
+
+
+def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
+    ws = batch.world_size
+    for index, case in enumerate(batch.cases):
+        text = case.describe(ws)
+        for rank in range(ws):
+            record = compare.record(records, rank, index)
+            outputs = record.get("outputs") if record else None
+            if not isinstance(outputs, list) or len(outputs) != ws:
+                return f"{text}: rank {rank} sent back no result"
+            for src in range(ws):
+                problem = compare.tensor_problem(outputs[src], case.chunk(src, rank), exact=True)
+                if problem:
+                    return f"{text}: rank {rank}, output_list[{src}] (from rank {src}) {problem}"
+            if part.name.removeprefix("try_") == "messages":
+                problem = messages_problem(record or {}, case, ws, rank)
+                if problem:
+                    return f"{text}: rank {rank} {problem}"
+    return None
+
+
+def _batch(world_size: int, *cases: Case) -> Batch:
+    return Batch(world_size, cases)
+
+
+def _equal(world_size: int, rows: int) -> tuple[tuple[int, ...], ...]:
+    return tuple((rows,) * world_size for _ in range(world_size))
+
+
+UNEVEN_3 = ((1, 2, 0), (3, 1, 2), (0, 4, 1))
+UNEVEN_4 = ((2, 0, 1, 3), (1, 1, 4, 0), (0, 2, 2, 1), (5, 1, 0, 2))
+
+PARTS = (
+    Part("equal_chunks", "every chunk the same size", (
+        _batch(4, Case(_equal(4, 2)), Case(_equal(4, 1), row=(3,))),
+        _batch(2, Case(_equal(2, 3))),
+    )),
+    Part("uneven_chunks", "chunks of different sizes, some empty, any row shape and dtype", (
+        _batch(3, Case(UNEVEN_3), Case(UNEVEN_3, row=(2, 2), dtype="int64")),
+        _batch(4, Case(UNEVEN_4, dtype="float64")),
+    )),
+    Part("messages", "one message to and from every other rank, each exactly its chunk", (
+        _batch(4, Case(_equal(4, 2)), Case(((1, 2, 3, 4), (2, 3, 4, 1), (3, 4, 1, 2), (4, 1, 2, 3)))),
+        _batch(3, Case(((2, 1, 3), (1, 2, 2), (3, 3, 1)), row=(2,))),
+    )),
+)
+
+EXERCISE = Exercise(
+    key="ex4",
+    assignment="ex4_all_to_all",
+    function=FUNCTION,
+    solution_ids=(FUNCTION,),
+    setup_source=SETUP_SOURCE,
+    parts=PARTS,
+    rank_main=rank_main,
+    judge=judge,
+)
+
+
+def try_case(fn: Any, sizes: Any = ((1, 2), (3, 1)), row: tuple[int, ...] = (), dtype: str = "float32",
+             check_messages: bool = False, timeout: float = 30.0) -> None:
+    """Run ``fn`` on ``len(sizes)`` fresh ranks; raise AssertionError with what went wrong.
+
+    ``sizes[i][j]`` is how many rows rank i sends to rank j. ``check_messages=True`` also checks
+    one message per pair, each exactly its chunk. The grade is decided by the grader.
+    """
+    from distlab.grading import runner
+
+    sizes = tuple(tuple(int(n) for n in r) for r in sizes)
+    if dtype not in DTYPES or any(len(r) != len(sizes) for r in sizes):
+        raise ValueError(f"sizes must be square and dtype one of {sorted(DTYPES)}")
+    batch = Batch(len(sizes), (Case(sizes, tuple(row), dtype),))
+    part = Part("try_messages" if check_messages else "try", "one case", (batch,))
+    message = runner.run_batch(EXERCISE, Submission(FUNCTION, fn=fn), part, batch, timeout)
+    if message:
+        raise AssertionError(message)
