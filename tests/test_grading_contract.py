@@ -1,8 +1,9 @@
 """The grading contract, end to end: real nbgrader, the real CLI, real submissions.
 
 Every fixture in grader/fixtures/submissions/<assignment>/ is graded once by ``python -m grader
-autograde`` into one course (exercise 1 with two parallel workers; exercises 2 to 4 together,
-from one folder, serially in the nbgrader process, so both paths are covered) and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
+autograde`` into one course (exercise 1, then exercises 2 to 5 together from one folder of
+oddly named files), with two parallel workers; a separate test grades serially in nbgrader's
+own process and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
 wrong answer exactly what it earns, and each gaming attempt nothing for the part it cheats on.
 """
 
@@ -26,6 +27,7 @@ ASSIGNMENT = "ex1_all_reduce_rs_ag"
 RING = "ex2_ring_all_reduce"
 TREE = "ex3_tree_broadcast"
 SHUFFLE = "ex4_all_to_all"
+BUCKETS = "ex5_bucketed_allreduce"
 PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
@@ -94,9 +96,19 @@ SHUFFLE_PINNED: dict[str, dict[str, int]] = {
     "forgot_own_chunk": dict.fromkeys(SHUFFLE_PARTS, 0),
     "split_messages": _but(SHUFFLE_FULL, messages=0),  # two messages per pair
 }
+BUCKETS_PARTS = ("averages", "buckets", "frozen")
+BUCKETS_FULL = {"averages": 3, "buckets": 3, "frozen": 2}
+BUCKETS_PINNED: dict[str, dict[str, int]] = {
+    "solution": BUCKETS_FULL,
+    "untouched": dict.fromkeys(BUCKETS_PARTS, 0),
+    "per_parameter": _but(BUCKETS_FULL, buckets=0, frozen=0),  # one all_reduce per gradient
+    "one_bucket": _but(BUCKETS_FULL, buckets=0, frozen=0),  # ignores bucket_bytes
+    "sum_not_average": dict.fromkeys(BUCKETS_PARTS, 0),
+    "no_none_check": _but(BUCKETS_FULL, frozen=0),  # crashes on a gradient that is None
+}
 # assignment -> (file-name mark, parts, pins, max score), for the exercises graded from one inbox
-SERIAL = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
-          SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6)}
+INBOX = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
+         SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8)}
 
 
 def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -111,13 +123,13 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Autograde every fixture once, with two parallel grading processes."""
     course = tmp_path_factory.mktemp("course")
     inbox = tmp_path_factory.mktemp("inbox")  # two assignments, file names as students send them
-    for assignment, (mark, *_) in SERIAL.items():
+    for assignment, (mark, *_) in INBOX.items():
         for fixture in (FIXTURES / assignment).glob("*.ipynb"):
             name = f"{fixture.stem.replace('_', ' ').title()} ({mark}).ipynb"
             (inbox / name).write_bytes(fixture.read_bytes())
     stdout = ""
-    for folder, jobs in ((FIXTURES / ASSIGNMENT, "2"), (inbox, "1")):
-        done = _grader("autograde", str(folder), "--course", str(course), "--jobs", jobs,
+    for folder in (FIXTURES / ASSIGNMENT, inbox):
+        done = _grader("autograde", str(folder), "--course", str(course), "--jobs", "2",
                        "--part-timeout", str(PART_TIMEOUT))
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stderr == ""
@@ -146,10 +158,10 @@ def _student(fixture: str, mark: int = 2) -> str:
 
 
 @pytest.mark.parametrize(("assignment", "student"),
-                         [(a, s) for a, (_, _, pins, _) in SERIAL.items() for s in sorted(pins)])
-def test_every_part_of_exercises_2_to_4_scores_what_it_earns(
+                         [(a, s) for a, (_, _, pins, _) in INBOX.items() for s in sorted(pins)])
+def test_every_part_of_exercises_2_to_5_scores_what_it_earns(
         graded: dict[str, Any], assignment: str, student: str) -> None:
-    mark, parts, pins, top = SERIAL[assignment]
+    mark, parts, pins, top = INBOX[assignment]
     row = graded["rows"][_student(student, mark), assignment]
     assert _scores(row, parts) == pins[student]
     assert float(row["max_score"]) == top
@@ -159,13 +171,13 @@ def test_every_part_of_exercises_2_to_4_scores_what_it_earns(
 def test_every_submission_is_graded(graded: dict[str, Any]) -> None:
     expected = {(s, ASSIGNMENT) for s in PINNED}
     assert sorted(p.stem for p in (FIXTURES / ASSIGNMENT).glob("*.ipynb")) == sorted(PINNED)
-    for assignment, (mark, _, pins, _) in SERIAL.items():
+    for assignment, (mark, _, pins, _) in INBOX.items():
         expected |= {(_student(s, mark), assignment) for s in pins}
         assert sorted(p.stem for p in (FIXTURES / assignment).glob("*.ipynb")) == sorted(pins)
     assert set(graded["rows"]) == expected
     assert f"graded {len(PINNED)} of {len(PINNED)} submissions" in graded["stdout"]
-    serial = sum(len(pins) for _, _, pins, _ in SERIAL.values())
-    assert f"graded {serial} of {serial} submissions" in graded["stdout"]
+    inbox = sum(len(pins) for _, _, pins, _ in INBOX.values())
+    assert f"graded {inbox} of {inbox} submissions" in graded["stdout"]
 
 
 def test_a_deadlock_costs_only_its_parts_budget(graded: dict[str, Any]) -> None:
@@ -192,13 +204,30 @@ def test_feedback_says_why_without_revealing_hidden_tests(graded: dict[str, Any]
         assert "HIDDEN TESTS" not in text and "distlab.grading.check(" not in text, page
 
 
+def test_serial_grading_in_the_nbgrader_process(tmp_path: Path) -> None:
+    """--jobs 1: no worker processes, TrustedExecute grades inside nbgrader's own process."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "Bob Smith - ex1 (final).ipynb").write_bytes(
+        (FIXTURES / ASSIGNMENT / "forgot_subgroup.ipynb").read_bytes())
+    course = tmp_path / "course"
+    done = _grader("autograde", str(inbox), "--course", str(course), "--jobs", "1",
+                   "--part-timeout", str(PART_TIMEOUT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (course / "trusted").exists()  # nothing was computed ahead
+    export = _grader("export", "--course", str(course))
+    rows = list(csv.DictReader(io.StringIO(export.stdout)))
+    assert [(r["student"], r["assignment"]) for r in rows] == [("Bob_Smith_-_ex1_final", ASSIGNMENT)]
+    assert _scores(rows[0]) == PINNED["forgot_subgroup"]
+
+
 # --- release ------------------------------------------------------------------------------------------
 def test_exercises_equal_a_fresh_release() -> None:
     done = _grader("release", "--check")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS])
 def test_released_notebooks_hold_no_solution_or_hidden_test(assignment: str) -> None:
     source = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
     secret, public = set(), set()
@@ -239,7 +268,7 @@ def _validate(path: Path) -> dict[str, Any]:
     return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS])
 def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel(assignment: str) -> None:
     assert _validate(REPO / "solutions" / assignment / f"{assignment}.ipynb") == {}
 

@@ -38,6 +38,8 @@ ENTRIES = (
           ("from_zero", "any_source", "any_world_size", "rounds")),
     Entry("ex4", "ex4_all_to_all", "distlab.grading.ex4_all_to_all", "all_to_all_p2p",
           ("equal_chunks", "uneven_chunks", "messages")),
+    Entry("ex5", "ex5_bucketed_allreduce", "distlab.grading.ex5_bucketed_allreduce", "average_gradients",
+          ("averages", "buckets", "frozen")),
 )
 
 
