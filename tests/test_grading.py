@@ -141,7 +141,7 @@ def test_catalog_names_the_parts_each_exercise_grades() -> None:
         assert tuple(p.name for p in loaded.parts) == known.parts
 
 
-@pytest.mark.parametrize("name", ["ex1", "ex2", "ex3", "ex4", "ex5"])
+@pytest.mark.parametrize("name", ["ex1", "ex2", "ex3", "ex4", "ex5", "ex6"])
 def test_notebook_cells_match_the_graded_parts(name: str) -> None:
     ex = exercise(name)
     nb = nbformat.read(REPO / "solutions" / ex.assignment / f"{ex.assignment}.ipynb", as_version=4)

@@ -1,7 +1,7 @@
 """The grading contract, end to end: real nbgrader, the real CLI, real submissions.
 
 Every fixture in grader/fixtures/submissions/<assignment>/ is graded once by ``python -m grader
-autograde`` into one course (exercise 1, then exercises 2 to 5 together from one folder of
+autograde`` into one course (exercise 1, then exercises 2 to 6 together from one folder of
 oddly named files), with two parallel workers; a separate test grades serially in nbgrader's
 own process and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
 wrong answer exactly what it earns, and each gaming attempt nothing for the part it cheats on.
@@ -28,6 +28,7 @@ RING = "ex2_ring_all_reduce"
 TREE = "ex3_tree_broadcast"
 SHUFFLE = "ex4_all_to_all"
 BUCKETS = "ex5_bucketed_allreduce"
+ZERO = "ex6_zero1"
 PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
@@ -106,9 +107,19 @@ BUCKETS_PINNED: dict[str, dict[str, int]] = {
     "sum_not_average": dict.fromkeys(BUCKETS_PARTS, 0),
     "no_none_check": _but(BUCKETS_FULL, frozen=0),  # crashes on a gradient that is None
 }
+ZERO_PARTS = ("matches", "communication", "state")
+ZERO_FULL = {"matches": 3, "communication": 3, "state": 2}
+ZERO_PINNED: dict[str, dict[str, int]] = {
+    "solution": ZERO_FULL,
+    "untouched": dict.fromkeys(ZERO_PARTS, 0),
+    "all_reduce_update": _but(ZERO_FULL, communication=0, state=0),  # plain DDP + full momentum
+    "replicated_state": _but(ZERO_FULL, state=0),  # right collectives, momentum kept whole
+    "forgot_average": dict.fromkeys(ZERO_PARTS, 0),
+}
 # assignment -> (file-name mark, parts, pins, max score), for the exercises graded from one inbox
 INBOX = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
-         SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8)}
+         SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8),
+         ZERO: (6, ZERO_PARTS, ZERO_PINNED, 8)}
 
 
 def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -159,7 +170,7 @@ def _student(fixture: str, mark: int = 2) -> str:
 
 @pytest.mark.parametrize(("assignment", "student"),
                          [(a, s) for a, (_, _, pins, _) in INBOX.items() for s in sorted(pins)])
-def test_every_part_of_exercises_2_to_5_scores_what_it_earns(
+def test_every_part_of_exercises_2_to_6_scores_what_it_earns(
         graded: dict[str, Any], assignment: str, student: str) -> None:
     mark, parts, pins, top = INBOX[assignment]
     row = graded["rows"][_student(student, mark), assignment]
@@ -227,7 +238,7 @@ def test_exercises_equal_a_fresh_release() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS, ZERO])
 def test_released_notebooks_hold_no_solution_or_hidden_test(assignment: str) -> None:
     source = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
     secret, public = set(), set()
@@ -268,7 +279,7 @@ def _validate(path: Path) -> dict[str, Any]:
     return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS])
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS, ZERO])
 def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel(assignment: str) -> None:
     assert _validate(REPO / "solutions" / assignment / f"{assignment}.ipynb") == {}
 

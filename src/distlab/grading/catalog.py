@@ -40,6 +40,7 @@ ENTRIES = (
           ("equal_chunks", "uneven_chunks", "messages")),
     Entry("ex5", "ex5_bucketed_allreduce", "distlab.grading.ex5_bucketed_allreduce", "average_gradients",
           ("averages", "buckets", "frozen")),
+    Entry("ex6", "ex6_zero1", "distlab.grading.ex6_zero1", "zero1_step", ("matches", "communication", "state")),
 )
 
 
