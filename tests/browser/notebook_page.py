@@ -180,25 +180,35 @@ class NotebookPage:
         JupyterLab stops a run-all at the first failing cell; the cells after it keep an
         empty prompt, which the caller sees through `prompt()` and `error_outputs()`.
         """
-        self._run_from_menu("Run All Cells", self.code_cell_indices()[0], timeout_ms)
+        code = self.code_cell_indices()
+        self._run_from_menu("Run All Cells", code[0], code[-1], timeout_ms)
 
     def run_all_above(self, index: int, timeout_ms: int = 180_000) -> None:
         """Select cell `index`, Run > Run All Above Selected Cell, wait until they are done."""
         above = [i for i in self.code_cell_indices() if i < index]
         self.select(index)
-        self._run_from_menu("Run All Above Selected Cell", above[0], timeout_ms)
+        self._run_from_menu("Run All Above Selected Cell", above[0], above[-1], timeout_ms)
 
-    def _run_from_menu(self, item: str, first: int, timeout_ms: int) -> None:
+    def _run_from_menu(self, item: str, first: int, last: int, timeout_ms: int) -> None:
         self.page.get_by_role("menuitem", name="Run", exact=True).click()
         self.page.get_by_role("menuitem", name=item, exact=True).click()
-        # done: nothing queued or running ('[*]'), and the first cell has its count
+        # done: nothing queued or running ('[*]'), the first cell has its count, and either every
+        # later cell has one too or the last numbered cell shows an error (Run All stopped there).
+        # JupyterLab starts queued cells one by one, so "no '[*]'" alone can hold between two cells.
         self.page.wait_for_function(
-            """([sel, first]) => {
-                const ps = [...document.querySelectorAll(sel)].map(c => c.textContent.trim());
-                return ps.length > 0 && !ps.some(p => p.includes('*'))
-                    && /^\\[\\d+\\]:$/.test(ps[first]);
+            """([sel, first, end]) => {
+                const cells = [...document.querySelectorAll(sel)];
+                const ps = cells.map(c => c.querySelector('.jp-InputPrompt').textContent.trim());
+                if (ps.length === 0 || ps.some(p => p.includes('*'))) return false;
+                const numbered = ps.map(p => /^\\[\\d+\\]:$/.test(p));
+                if (!numbered[first]) return false;
+                const last = numbered.lastIndexOf(true);
+                if (numbered.slice(first, end + 1).every(Boolean)) return true;
+                return cells[last].querySelector(
+                    '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]') !== null;
             }""",
-            arg=[f"{PANEL} .jp-Notebook .jp-Cell .jp-InputPrompt", first],
+            arg=[f"{PANEL} .jp-Notebook .jp-Cell.jp-CodeCell", self.code_cell_indices().index(first),
+                 self.code_cell_indices().index(last)],
             timeout=timeout_ms,
         )
         self.wait_kernel_idle(timeout_ms)
