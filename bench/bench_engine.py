@@ -42,11 +42,13 @@ def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, rep
     cold = time.perf_counter() - started
     empty = _median_rtt(kernel, "pass", reps)
     per_cell = _median_rtt(kernel, f"{magic}\nprint(rank)", reps) - empty
+    # the same four labelled lines printed by the kernel itself: what any output costs in Jupyter
+    printing = _median_rtt(kernel, "print('\\n'.join(f'[rank {r}] {r}' for r in range(4)))", reps) - empty
     _ok(kernel.execute(f"{magic}\nimport time\n_inside = []"))
     collective_rtt = _median_rtt(kernel, f"{magic}\n{ALL_REDUCE}", reps)
     _ok(kernel.execute(f"import statistics\n_in = {pull}"))
     inside = kernel.value("statistics.median(max(v) for v in zip(*_in))")  # the slowest rank, per call
-    return {"cold": cold, "empty": empty, "per_cell": per_cell,
+    return {"cold": cold, "empty": empty, "per_cell": per_cell, "printing": printing,
             "collective": collective_rtt - empty - inside, "inside": inside}
 
 
@@ -104,7 +106,7 @@ def main() -> None:
         theirs = None
     rows = [("cold start (load + first all_reduce cell)", "cold"), ("per-cell overhead", "per_cell"),
             ("collective overhead (beyond the all_reduce)", "collective"), ("all_reduce inside ranks", "inside"),
-            ("empty kernel cell", "empty")]
+            ("empty kernel cell", "empty"), ("the kernel printing those 4 lines itself", "printing")]
     print(f"{'4 ranks, gloo, median of %d' % args.reps:<46}{'distlab':>12}{'ipyparallel':>14}{'ratio':>9}")
     for label, key in rows:
         mine = ours[key] * 1000
