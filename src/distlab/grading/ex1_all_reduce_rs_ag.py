@@ -32,32 +32,28 @@ FUNCTION = "all_reduce_rs_ag"
 
 # --- rank side ----------------------------------------------------------------------------------
 def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
-    """On every rank: load the submission under the guard, run each case, return plain records."""
+    """On every rank: run each case through the student's function, return plain records."""
+    from distlab.grading import harness
+
+    return harness.run_in_place_cases(submission, cases, make_input, _case_kwargs)
+
+
+def _case_kwargs(case: Case) -> dict[str, Any]:
+    """The op and this rank's subgroup; every rank creates every group of the partition, in order."""
     import torch.distributed as dist
 
-    from distlab.grading import guard, harness
-
-    watcher = guard.install()  # before the student's source runs
-    fn = harness.load_function(submission, watcher)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    records = []
-    for case in cases:
-        # every rank creates every group of the partition, in the same order
-        mine = None
-        for ranks in case.groups:
-            group = dist.new_group(list(ranks))
-            if rank in ranks:
-                mine = group
-        tensor = make_input(case, world_size, rank)
-        kwargs: dict[str, Any] = {}
-        if case.op != "SUM":  # SUM goes through the default argument
-            kwargs["op"] = getattr(dist.ReduceOp, case.op)
-        if mine is not None:
-            kwargs["group"] = mine
-        with watcher.watch() as log:
-            harness.call(fn, case.describe(world_size), tensor, **kwargs)
-        records.append({"tensor": harness.tensor_record(tensor), **log})
-    return records
+    rank = dist.get_rank()
+    mine = None
+    for ranks in case.groups:
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine = group
+    kwargs: dict[str, Any] = {}
+    if case.op != "SUM":  # SUM goes through the default argument
+        kwargs["op"] = getattr(dist.ReduceOp, case.op)
+    if mine is not None:
+        kwargs["group"] = mine
+    return kwargs
 
 
 # --- trusted side -------------------------------------------------------------------------------

@@ -29,21 +29,10 @@ _P2P_PYTHON = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 
 # --- rank side ----------------------------------------------------------------------------------
 def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
-    """On every rank: load the submission under the guard, run each case, return plain records."""
-    import torch.distributed as dist
+    """On every rank: run each case through the student's function, return plain records."""
+    from distlab.grading import harness
 
-    from distlab.grading import guard, harness
-
-    watcher = guard.install()  # before the student's source runs
-    fn = harness.load_function(submission, watcher)
-    world_size = dist.get_world_size()
-    records = []
-    for case in cases:
-        tensor = make_input(case, world_size, dist.get_rank())
-        with watcher.watch() as log:
-            harness.call(fn, case.describe(world_size), tensor)
-        records.append({"tensor": harness.tensor_record(tensor), **log})
-    return records
+    return harness.run_in_place_cases(submission, cases, make_input)
 
 
 # --- trusted side -------------------------------------------------------------------------------

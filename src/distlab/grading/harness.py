@@ -91,3 +91,33 @@ def tensor_record(value: Any) -> dict[str, Any]:
 
 def flush() -> None:
     sys.stdout.flush()
+
+
+def run_in_place_cases(
+    submission: Submission,
+    cases: tuple[Any, ...],
+    make_input: Callable[[Any, int, int], torch.Tensor],
+    extra_kwargs: Callable[[Any], dict[str, Any]] = lambda case: {},
+) -> list[dict[str, Any]]:
+    """On every rank: load the submission under the guard, call it on each case's tensor (which it
+    must change in place) and return plain records of the tensor and the communication.
+
+    ``extra_kwargs`` runs on every rank, in case order, before the input is made (it may create
+    process groups, which every rank must do in the same order).
+    """
+    import torch.distributed as dist
+
+    from distlab.grading import guard
+
+    watcher = guard.install()  # before the student's source runs
+    fn = load_function(submission, watcher)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    records = []
+    for case in cases:
+        kwargs = extra_kwargs(case)
+        tensor = make_input(case, world_size, rank)
+        with watcher.watch() as log:
+            call(fn, case.describe(world_size), tensor, **kwargs)
+        records.append({"tensor": tensor_record(tensor), **log})
+    return records
+
