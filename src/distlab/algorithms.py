@@ -17,6 +17,12 @@ from distlab import trace
 # Buffers at most this long are snapshotted automatically while a trace is recording, so a
 # traced ring can be replayed with its values; larger ones would bloat the trace.
 AUTO_SNAPSHOT_MAX_NUMEL = 1024
+# On a GPU a large ring cuts each chunk into pieces of about this size that flow through the
+# ring back to back (see ring_all_reduce). On the CPU it does not: every message costs about
+# 0.15 ms of CPU there (bench/bench_ring.py), and the cores that would overlap the pieces are
+# busy running the other ranks.
+PIECE_BYTES = 4 * 1024 * 1024
+MAX_PIECES = 8
 
 
 def all_gather_single(
@@ -49,7 +55,8 @@ def _global_rank(group: Any, group_rank: int) -> int:
 
 
 def ring_all_reduce(
-    tensor: torch.Tensor, group: Any = None, snapshot: bool | None = None
+    tensor: torch.Tensor, group: Any = None, snapshot: bool | None = None,
+    pieces: int | None = None,
 ) -> torch.Tensor:
     """Sum ``tensor`` over all ranks in place with the ring algorithm, using only isend/irecv.
 
@@ -59,8 +66,17 @@ def ring_all_reduce(
     All-gather: in n-1 more steps those finished chunks travel around the ring. Each rank
     sends 2(n-1)/n of the buffer in total, which is why the ring is bandwidth-optimal.
 
+    The chunk a rank receives in one step is the chunk it sends in the next, so nothing waits
+    for a whole step to end: the receive of step k+1 is posted before step k is added (two
+    spare buffers take turns), and a chunk is forwarded as soon as it is added. A large chunk
+    can also be cut into ``pieces`` that flow through the ring one after another, so that
+    piece 1 is added and forwarded while piece 2 is still on the wire (default: one piece on
+    the CPU, where each extra message costs more than the overlap gains; on a GPU one per
+    4 MiB, at most 8).
+
     With ``snapshot`` (default: when a trace is recording and the buffer is small) the buffer
-    is added to the trace before the first step and after every step, for ``viz.ring_stepper``.
+    is added to the trace before the first step and after every step, for ``viz.ring_stepper``;
+    a snapshotted ring moves whole chunks (one message per step).
     """
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if not tensor.is_contiguous():
@@ -74,37 +90,74 @@ def ring_all_reduce(
         return tensor
     right, left = _global_rank(group, (me + 1) % n), _global_rank(group, (me - 1) % n)
     chunks = list(flat.tensor_split(n))  # views; the first chunks are the larger ones
-    incoming = torch.empty_like(chunks[0])
     bounds = [0]
     for c in chunks:
         bounds.append(bounds[-1] + c.numel())
+    if snapshot:
+        pieces = 1
+    elif pieces is None:
+        chunk_bytes = chunks[0].numel() * flat.element_size()
+        pieces = 1 if flat.device.type == "cpu" else max(1, min(MAX_PIECES, chunk_bytes // PIECE_BYTES))
+    elif pieces < 1:
+        raise ValueError(f"pieces must be at least 1, got {pieces}")
+    parts = [list(c.tensor_split(pieces)) for c in chunks]  # parts[chunk][piece], views
+    # Two spare buffers per piece: the receive of step k+1 is posted before step k is added,
+    # so the left neighbour never waits for us to be ready.
+    spare = [[torch.empty_like(p) for p in parts[0]] for _ in range(2)]
+    steps = 2 * (n - 1)
+
+    def recv_chunk(k: int) -> int:  # reduce-scatter step k adds chunk me-k-1; all-gather receives me-k'
+        return (me - k - 1) % n if k < n - 1 else (me - (k - n + 1)) % n
 
     def span(i: int) -> tuple[int, int]:  # element range [start, stop) of chunk i
         return bounds[i], bounds[i + 1]
 
-    def exchange(send_idx: int, recv_into: torch.Tensor, reduce_into: torch.Tensor | None) -> None:
-        # Post the receive before the send: a message that arrives before its receive is
-        # posted is buffered and copied again. Reduce while our own send may still be going.
-        recv = dist.irecv(recv_into, left, group) if recv_into.numel() else None
-        send = dist.isend(chunks[send_idx], right, group) if chunks[send_idx].numel() else None
-        if recv is not None:
-            recv.wait()
-            if reduce_into is not None:
-                reduce_into.add_(recv_into)
-        if send is not None:
-            send.wait()
+    sends: dict[tuple[int, int], Any] = {}  # (chunk, piece) -> request still in flight
 
-    for step in range(n - 1):  # reduce-scatter: send chunk me-step, accumulate chunk me-step-1
-        s, r = (me - step) % n, (me - step - 1) % n
-        buf = incoming[: chunks[r].numel()]
-        exchange(s, buf, chunks[r])
-        if snapshot:
-            trace.snapshot(flat, f"reduce-scatter {step + 1}", span(s), span(r))
-    for step in range(n - 1):  # all-gather: pass finished chunk me+1-step, receive chunk me-step
-        s, r = (me + 1 - step) % n, (me - step) % n
-        exchange(s, chunks[r], None)
-        if snapshot:
-            trace.snapshot(flat, f"all-gather {step + 1}", span(s), span(r))
+    def settle(c: int, j: int) -> None:  # the memory of (c, j) may be reused once its send is done
+        if (c, j) in sends:
+            sends.pop((c, j)).wait()
+
+    def send(c: int, j: int) -> None:
+        if parts[c][j].numel():
+            settle(c, j)
+            sends[(c, j)] = dist.isend(parts[c][j], right, group)
+
+    def post_recv(k: int, j: int) -> tuple[Any, torch.Tensor | None]:
+        # Reduce-scatter receives into a spare buffer and adds it; all-gather receives in place.
+        target = parts[recv_chunk(k)][j]
+        if not target.numel():
+            return None, None
+        if k < n - 1:
+            buf = spare[k % 2][j][: target.numel()]
+            return dist.irecv(buf, left, group), buf
+        settle(recv_chunk(k), j)
+        return dist.irecv(target, left, group), None
+
+    # Step 0 sends our own chunk me; every later step forwards the chunk received just before.
+    # Receives are posted piece by piece in (step, piece) order on every rank, the order in
+    # which the left neighbour sends, so each message lands in the receive meant for it.
+    waiting = [post_recv(0, j) for j in range(pieces)]
+    for j in range(pieces):
+        send(me, j)
+    for k in range(steps):
+        c = recv_chunk(k)
+        for j in range(pieces):
+            request, buf = waiting[j]
+            if k + 1 < steps:
+                waiting[j] = post_recv(k + 1, j)
+            if request is not None:
+                request.wait()
+                if buf is not None:
+                    parts[c][j].add_(buf)
+            if snapshot and j == pieces - 1:
+                phase, step = ("reduce-scatter", k + 1) if k < n - 1 else ("all-gather", k - n + 2)
+                sent = (me - k) % n if k < n - 1 else (c + 1) % n
+                trace.snapshot(flat, f"{phase} {step}", span(sent), span(c))
+            if k + 1 < steps:
+                send(c, j)  # chunk c is the one step k+1 sends
+    for request in sends.values():
+        request.wait()
     return tensor
 
 
