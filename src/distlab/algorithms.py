@@ -91,8 +91,8 @@ def ring_all_reduce(
     right, left = _global_rank(group, (me + 1) % n), _global_rank(group, (me - 1) % n)
     chunks = list(flat.tensor_split(n))  # views; the first chunks are the larger ones
     bounds = [0]
-    for c in chunks:
-        bounds.append(bounds[-1] + c.numel())
+    for piece_of_buffer in chunks:
+        bounds.append(bounds[-1] + piece_of_buffer.numel())
     if snapshot:
         pieces = 1
     elif pieces is None:
@@ -100,7 +100,7 @@ def ring_all_reduce(
         pieces = 1 if flat.device.type == "cpu" else max(1, min(MAX_PIECES, chunk_bytes // PIECE_BYTES))
     elif pieces < 1:
         raise ValueError(f"pieces must be at least 1, got {pieces}")
-    parts = [list(c.tensor_split(pieces)) for c in chunks]  # parts[chunk][piece], views
+    parts = [list(chunk.tensor_split(pieces)) for chunk in chunks]  # parts[chunk][piece], views
     # Two spare buffers per piece: the receive of step k+1 is posted before step k is added,
     # so the left neighbour never waits for us to be ready.
     spare = [[torch.empty_like(p) for p in parts[0]] for _ in range(2)]
