@@ -220,3 +220,25 @@ def test_nested_recordings_see_their_own_calls() -> None:
         assert trace.is_recording()
     assert [s["label"] for s in outer] == ["a", "b"] and [s["label"] for s in inner] == ["b"]
     assert outer[0]["values"] == [0, 1, 2]
+
+
+def _blocking_calls() -> tuple[list[float], list[float], list[tuple[str, bool, Any, bool]]]:
+    """Blocking collectives, one with async_op given by position, one torch implements by
+    calling another (all_gather_into_tensor calls all_gather_single)."""
+    n = dist.get_world_size()
+    t = torch.ones(4)
+    out = torch.empty(2 * n)
+    with trace.recording() as calls, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_reduce(t, dist.ReduceOp.SUM, None, False)
+        dist.all_gather_into_tensor(out, torch.full((2,), float(dist.get_rank())))
+        dist.barrier()
+    return t.tolist(), out.tolist(), [(c["op"], c["async"], c["t_wait"], c["t_end"] >= c["t_start"])
+                                      for c in calls]
+
+
+def test_blocking_calls_are_recorded_once_as_blocking_with_their_results() -> None:
+    for t, out, calls in distlab.run(_blocking_calls, world_size=2):
+        assert t == [2.0] * 4 and out == [0.0, 0.0, 1.0, 1.0]
+        assert calls == [("all_reduce", False, None, True), ("all_gather_into_tensor", False, None, True),
+                         ("barrier", False, None, True)]
