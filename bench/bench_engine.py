@@ -1,7 +1,7 @@
 """Cold start and per-cell overhead of %%dist against ipyparallel's %%px, in real kernels, in one run.
 
 Both sides run 4 ranks with a torch.distributed gloo group, driven from a Jupyter client exactly as a
-notebook would. Run: .venv/bin/python bench/bench_engine.py [--reps 30]
+notebook would. Run: .venv/bin/python bench/bench_engine.py [--reps 60]
 (ipyparallel comes with `pip install -e .[bench]`).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -26,11 +27,20 @@ def _ok(reply):  # type: ignore[no-untyped-def]
     return reply
 
 
-def _median_rtt(kernel: KernelSession, code: str, reps: int) -> float:
-    times = []
+def _paired_overheads(kernel: KernelSession, cells: dict[str, str], reps: int) -> dict[str, float]:
+    """Median over rounds of (cell - empty cell) for each named cell; every round runs the empty
+    cell and each named cell once, in that order, so a busy spell of a shared machine falls on
+    all of them alike instead of on whichever block of cells happened to run then."""
+    diffs: dict[str, list[float]] = {name: [] for name in cells}
+    empties = []
     for _ in range(reps):
-        times.append(_ok(kernel.execute(code)).seconds)
-    return statistics.median(times)
+        empty = _ok(kernel.execute("pass")).seconds
+        empties.append(empty)
+        for name, code in cells.items():
+            diffs[name].append(_ok(kernel.execute(code)).seconds - empty)
+    out = {name: statistics.median(d) for name, d in diffs.items()}
+    out["empty"] = statistics.median(empties)
+    return out
 
 
 def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, reps: int) -> dict[str, float]:
@@ -40,16 +50,17 @@ def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, rep
     for cell in start:
         _ok(kernel.execute(cell))
     cold = time.perf_counter() - started
-    empty = _median_rtt(kernel, "pass", reps)
-    per_cell = _median_rtt(kernel, f"{magic}\nprint(rank)", reps) - empty
-    # the same four labelled lines printed by the kernel itself: what any output costs in Jupyter
-    printing = _median_rtt(kernel, "print('\\n'.join(f'[rank {r}] {r}' for r in range(4)))", reps) - empty
     _ok(kernel.execute(f"{magic}\nimport time\n_inside = []"))
-    collective_rtt = _median_rtt(kernel, f"{magic}\n{ALL_REDUCE}", reps)
+    figures = _paired_overheads(kernel, {
+        "per_cell": f"{magic}\nprint(rank)",
+        # the same four labelled lines printed by the kernel itself: what any output costs in Jupyter
+        "printing": "print('\\n'.join(f'[rank {r}] {r}' for r in range(4)))",
+        "collective_cell": f"{magic}\n{ALL_REDUCE}",
+    }, reps)
     _ok(kernel.execute(f"import statistics\n_in = {pull}"))
     inside = kernel.value("statistics.median(max(v) for v in zip(*_in))")  # the slowest rank, per call
-    return {"cold": cold, "empty": empty, "per_cell": per_cell, "printing": printing,
-            "collective": collective_rtt - empty - inside, "inside": inside}
+    return {"cold": cold, "empty": figures["empty"], "per_cell": figures["per_cell"],
+            "printing": figures["printing"], "collective": figures["collective_cell"] - inside, "inside": inside}
 
 
 def bench_distlab(reps: int) -> dict[str, float]:
@@ -95,10 +106,27 @@ def bench_ipyparallel(reps: int) -> dict[str, float]:
         kernel.shutdown()
 
 
+def torch_import_seconds(times: int = 3) -> float:
+    """Median wall time of a bare ``python -c "import torch"``: the floor under any cold start."""
+    runs = []
+    for _ in range(times):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        runs.append(time.perf_counter() - started)
+    return statistics.median(runs)
+
+
+# The issue's targets and the machine they were set on: an empty cell took 4 ms there and a bare
+# torch import 0.9 s. This machine's speed differs from day to day, so each target is also shown
+# in units of the same quantity measured in this run.
+TARGETS = {"cold": (1.5, "import", 0.9), "per_cell": (0.002, "empty", 0.004), "collective": (0.002, "empty", 0.004)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--reps", type=int, default=60)
     args = parser.parse_args()
+    floor = torch_import_seconds()
     ours = bench_distlab(args.reps)
     try:
         theirs: dict[str, float] | None = bench_ipyparallel(args.reps)
@@ -107,14 +135,23 @@ def main() -> None:
     rows = [("cold start (load + first all_reduce cell)", "cold"), ("per-cell overhead", "per_cell"),
             ("collective overhead (beyond the all_reduce)", "collective"), ("all_reduce inside ranks", "inside"),
             ("empty kernel cell", "empty"), ("the kernel printing those 4 lines itself", "printing")]
-    print(f"{'4 ranks, gloo, median of %d' % args.reps:<46}{'distlab':>12}{'ipyparallel':>14}{'ratio':>9}")
+    print(f"{'4 ranks, gloo, median of %d rounds' % args.reps:<46}{'distlab':>12}{'ipyparallel':>14}{'ratio':>9}")
     for label, key in rows:
         mine = ours[key] * 1000
         other = theirs[key] * 1000 if theirs else float("nan")
         ratio = other / mine if mine > 0 else float("nan")
         print(f"{label:<46}{mine:>10.1f}ms{other:>12.1f}ms{ratio:>8.1f}x")
     print(f"{'hang report (rank fails before all_reduce)':<46}{ours['hang_report'] * 1000:>10.1f}ms")
+    print(f"{'bare `import torch` (the floor of a cold start)':<46}{floor * 1000:>10.1f}ms")
     print("targets: cold <= 1500 ms, per-cell <= 2 ms, collective <= 2 ms; cold and per-cell >= 4x better")
+    print("the same targets in units of this run's own machine speed (they were set where an empty cell took "
+          "4 ms and `import torch` 0.9 s):")
+    units = {"import": floor, "empty": ours["empty"]}
+    for key, (target, unit, there) in TARGETS.items():
+        mine = ours[key] / units[unit]
+        verdict = "meets" if mine <= target / there else "MISSES"
+        print(f"  {key:<11} {mine:6.2f} x {'empty cell' if unit == 'empty' else 'torch import':<12} "
+              f"(target {target / there:.2f}: {verdict})")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ fork), so GPUs are counted from the driver's /proc entries or nvidia-smi, never 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -30,7 +31,10 @@ def visible_gpu_count() -> int:
     return min(count, physical)
 
 
+@functools.cache
 def _physical_gpus() -> int:
+    """Counted once per process: every %%dist cell resolves its backend, and looking through
+    PATH for nvidia-smi costs more than the rest of a cell's work in the kernel."""
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:

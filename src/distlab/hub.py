@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import secrets
 import select
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import threading
 from collections import defaultdict
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 from distlab import protocol
 from distlab.errors import PoolDied
@@ -107,18 +108,25 @@ class Hub:
     # --- waiting ------------------------------------------------------------------------------
     def wait(self, conns: list[Connection], timeout: float) -> list[Connection]:
         """Wait for any of ``conns`` (or a new arrival); meanwhile record rank exits."""
-        watched: list[object] = [*conns, self._wake_r]
-        if self._launcher_conn is not None:
-            watched.append(self._launcher_conn)
-        ready = wait(watched, timeout)  # type: ignore[arg-type]
+        # select.poll directly, not multiprocessing's wait(): that builds a selector each time,
+        # and the kernel waits several times per cell.
+        poller = select.poll()
+        by_fd = {c.fileno(): c for c in conns}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        launcher = self._launcher_conn
+        if launcher is not None:
+            poller.register(launcher.fileno(), select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))}
         if self._wake_r in ready:
             try:
                 os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
-        if self._launcher_conn is not None and self._launcher_conn in ready:
+        if launcher is not None and launcher.fileno() in ready:
             self._drain_launcher()
-        return [c for c in ready if c in conns]  # type: ignore[misc]
+        return [c for fd, c in by_fd.items() if fd in ready]
 
     def _accept_forever(self) -> None:
         """Accept and authenticate peers at once, even while the kernel is idle between cells.
