@@ -254,7 +254,7 @@ def _overlapped_call(op: str, fn: Callable[..., Any], names: list[str], where: t
     try:
         if not _group_entry(args[group_at] if group_at < len(args) else kwargs.get("group"))[4]:
             return _NOT_OVERLAPPED
-    except (ValueError, TypeError, RuntimeError):  # not a group torch knows: let torch say so
+    except (ValueError, TypeError, RuntimeError, AttributeError, KeyError):  # not a group torch knows: torch says so
         return _NOT_OVERLAPPED
     if positional:
         call_args, call_kwargs = (*args[:async_at], True, *args[async_at + 1:]), kwargs
