@@ -1,6 +1,6 @@
 """Ring all_reduce (isend/recv) vs reduce_scatter + all_gather vs gloo's all_reduce.
 
-    .venv/bin/python bench/bench_ring.py [--size 4M] [--world-size 4] [--iters 3] [--rounds 30]
+    .venv/bin/python bench/bench_ring.py [--size 4M] [--world-size 4] [--iters 3] [--rounds 30] [--pieces 2,4]
 
 One run, 4 MB of float32 on 4 ranks by default. Each variant is timed in interleaved rounds,
 in a shuffled order (the same on every rank), so that a busy neighbour on a shared machine
@@ -17,6 +17,7 @@ import argparse
 import random
 import statistics
 import time
+from typing import Any
 
 import distlab
 from distlab.bench import parse_size
@@ -25,14 +26,18 @@ from distlab.costmodel import busbw
 VARIANTS = ("ring_all_reduce", "all_reduce_rs_ag", "builtin all_reduce")
 
 
-def _measure(numel: int, iters: int, rounds: int) -> dict[str, list[float]]:
+def _measure(numel: int, iters: int, rounds: int, pieces: tuple[int, ...] = ()) -> dict[str, list[float]]:
     """On each rank: per-call seconds of each variant in each round."""
+    import functools
+
     import torch
     import torch.distributed as dist
 
     from distlab.algorithms import all_reduce_rs_ag, ring_all_reduce
 
-    fns = dict(zip(VARIANTS, (ring_all_reduce, all_reduce_rs_ag, dist.all_reduce), strict=True))
+    fns: dict[str, Any] = dict(zip(VARIANTS, (ring_all_reduce, all_reduce_rs_ag, dist.all_reduce), strict=True))
+    for p in pieces:
+        fns[f"ring, {p} pieces"] = functools.partial(ring_all_reduce, pieces=p)
     x = torch.randn(numel)
     expected = x.clone()
     dist.all_reduce(expected)
@@ -42,7 +47,7 @@ def _measure(numel: int, iters: int, rounds: int) -> dict[str, list[float]]:
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4, msg=name)
         for _ in range(2):
             fn(y)
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in fns}
     order = random.Random(0)  # same seed on every rank: all ranks run the same variant
     for _ in range(rounds):
         for name, fn in order.sample(list(fns.items()), len(fns)):
@@ -60,17 +65,20 @@ def main() -> None:
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--pieces", default="", help="also time the ring with its chunks cut in pieces, e.g. 2,4,8")
     a = p.parse_args()
+    pieces = tuple(int(x) for x in a.pieces.split(",") if x)
     size, n = parse_size(a.size), a.world_size
     per_rank = distlab.run(_measure, world_size=n, timeout=600,
-                           args=(size // 4, a.iters, a.rounds))
-    rounds = {v: [max(r[v][i] for r in per_rank) for i in range(a.rounds)] for v in VARIANTS}
+                           args=(size // 4, a.iters, a.rounds, pieces))
+    variants = list(per_rank[0])
+    rounds = {v: [max(r[v][i] for r in per_rank) for i in range(a.rounds)] for v in variants}
     print(f"# all_reduce of {size} B float32 on {n} ranks (gloo), {a.iters} iters x "
           f"{a.rounds} rounds; best round, slowest rank")
     print(f"# {'variant':<20} {'time(us)':>10} {'busbw(GB/s)':>12} {'vs builtin':>11}")
     seconds = {v: min(t) for v, t in rounds.items()}
     base = busbw("all_reduce", n, size, seconds["builtin all_reduce"])
-    for v in VARIANTS:
+    for v in variants:
         bw = busbw("all_reduce", n, size, seconds[v])
         print(f"  {v:<20} {seconds[v] * 1e6:>10.1f} {bw:>12.3f} {bw / base:>11.2f}")
     paired = [b / r for b, r in zip(rounds["builtin all_reduce"], rounds["ring_all_reduce"],
