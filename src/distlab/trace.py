@@ -278,12 +278,18 @@ def _overlapped_call(op: str, fn: Callable[..., Any], names: list[str], where: t
         if work is not None and type(work).__name__ != "_IllegalWork":
             work.wait()
     except BaseException as exc:
-        rec["error"] = f"{type(exc).__name__}: {exc}"
+        _close(rec, stack, exc)
         raise
-    finally:
-        rec["t_end"], rec["wall_end"] = time.perf_counter(), time.time()
-        stack.pop()
+    _close(rec, stack)
     return None
+
+
+def _close(rec: dict[str, Any], stack: list[dict[str, Any]], error: BaseException | None = None) -> None:
+    """The call has returned (or raised ``error``): stamp its end and leave it."""
+    if error is not None:
+        rec["error"] = f"{type(error).__name__}: {error}"
+    rec["t_end"], rec["wall_end"] = time.perf_counter(), time.time()
+    stack.pop()
 
 
 def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -316,11 +322,9 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            rec["error"] = f"{type(exc).__name__}: {exc}"
+            _close(rec, stack, exc)
             raise
-        finally:
-            rec["t_end"], rec["wall_end"] = time.perf_counter(), time.time()
-            stack.pop()
+        _close(rec, stack)
         if op == "recv" and rec["peer"] is None and isinstance(result, int):
             rec["peer"] = rec["p2p"][0]["peer"] = result
         if isinstance(result, list) and op == "batch_isend_irecv":
