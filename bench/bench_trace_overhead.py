@@ -10,8 +10,8 @@ call's time is its slowest rank's. Pairing calls made moments apart cancels the 
 swings of a shared machine, which made an earlier design (blocks of 20 calls per mode) differ
 by +-10% between two untraced blocks. Reported: the median over rounds of traced/untraced
 (target: at most +5%), the same ratio for the two untraced calls (the A/A control: the noise
-of the method; under no difference both ratios centre on zero), and the recorder's own CPU time per call
-(its wrapper around a stand-in all_reduce that does no communication).
+of the method; under no difference both ratios centre on zero), and the recorder's own CPU
+time per call (its wrapper around a stand-in all_reduce that does no communication).
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def main() -> None:
     overhead = paired("traced")
     control = paired("untraced again")
     verdict = "meets" if overhead <= 0.05 else "MISSES"
-    print(f"# tracing overhead: {overhead * 100:+.1f}% (median over rounds of traced / untraced; {verdict} the 5% target); A/A control (the same for two untraced calls) {control * 100:+.1f}%")
+    print(f"# tracing overhead: {overhead * 100:+.1f}% (median over rounds of traced / untraced; {verdict} "
+          f"the 5% target); A/A control (the same for two untraced calls) {control * 100:+.1f}%")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,9 @@ def ring_all_reduce(
     def recv_chunk(k: int) -> int:  # reduce-scatter step k adds chunk me-k-1; all-gather receives me-k'
         return (me - k - 1) % n if k < n - 1 else (me - (k - n + 1)) % n
 
+    def send_chunk(k: int) -> int:  # our own chunk first, then whatever arrived one step before
+        return me if k == 0 else recv_chunk(k - 1)
+
     def span(i: int) -> tuple[int, int]:  # element range [start, stop) of chunk i
         return bounds[i], bounds[i + 1]
 
@@ -125,21 +128,21 @@ def ring_all_reduce(
 
     def post_recv(k: int, j: int) -> tuple[Any, torch.Tensor | None]:
         # Reduce-scatter receives into a spare buffer and adds it; all-gather receives in place.
-        target = parts[recv_chunk(k)][j]
+        c = recv_chunk(k)
+        target = parts[c][j]
         if not target.numel():
             return None, None
         if k < n - 1:
             buf = spare[k % 2][j][: target.numel()]
             return dist.irecv(buf, left, group), buf
-        settle(recv_chunk(k), j)
+        settle(c, j)
         return dist.irecv(target, left, group), None
 
-    # Step 0 sends our own chunk me; every later step forwards the chunk received just before.
     # Receives are posted piece by piece in (step, piece) order on every rank, the order in
     # which the left neighbour sends, so each message lands in the receive meant for it.
     waiting = [post_recv(0, j) for j in range(pieces)]
     for j in range(pieces):
-        send(me, j)
+        send(send_chunk(0), j)
     for k in range(steps):
         c = recv_chunk(k)
         for j in range(pieces):
@@ -152,10 +155,9 @@ def ring_all_reduce(
                     parts[c][j].add_(buf)
             if snapshot and j == pieces - 1:
                 phase, step = ("reduce-scatter", k + 1) if k < n - 1 else ("all-gather", k - n + 2)
-                sent = (me - k) % n if k < n - 1 else (c + 1) % n
-                trace.snapshot(flat, f"{phase} {step}", span(sent), span(c))
+                trace.snapshot(flat, f"{phase} {step}", span(send_chunk(k)), span(c))
             if k + 1 < steps:
-                send(c, j)  # chunk c is the one step k+1 sends
+                send(send_chunk(k + 1), j)  # the chunk just completed: send_chunk(k + 1) == c
     for request in sends.values():
         request.wait()
     return tensor

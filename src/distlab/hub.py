@@ -118,7 +118,7 @@ class Hub:
         launcher = self._launcher_conn
         if launcher is not None:
             poller.register(launcher.fileno(), select.POLLIN)
-        ready = {fd for fd, _ in poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))}
+        ready = {fd for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))}
         if self._wake_r in ready:
             try:
                 os.read(self._wake_r, 4096)
