@@ -119,15 +119,42 @@ def readable(entry: dict[str, Any]) -> str:
     return _READABLE.get(op, op)
 
 
-def comm_problem(rec: dict[str, Any], allowed: Sequence[str], required: Sequence[str],
-                 limit_elements: int | None = None) -> str | None:
-    """Check one rank's communication log against the collectives the exercise allows."""
+def log_entries(rec: dict[str, Any]) -> list[dict[str, Any]] | str:
+    """The entries of one rank's communication log, or what is wrong with the log."""
     ops, violations = rec.get("ops"), rec.get("violations")
     if not isinstance(ops, list) or not isinstance(violations, list):
         return "sent back no communication record"
     if violations:
         return "tampered with the grader's communication recorder: " + "; ".join(map(str, violations[:3]))
-    entries = [e for e in ops if isinstance(e, dict)]
+    return [e for e in ops if isinstance(e, dict)]
+
+
+_P2P_PYTHON = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+
+
+def p2p_messages(rec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | str:
+    """(sends, receives) of a rank allowed only point-to-point calls, in call order, or what is
+    wrong: a bad log, or any other communication (a collective, the backend or the store)."""
+    entries = log_entries(rec)
+    if isinstance(entries, str):
+        return entries
+    other = sorted({readable(e) for e in entries
+                    if (e.get("via") == "dispatch" and e.get("op") not in ("send", "recv_"))
+                    or e.get("via") in ("backend", "store")
+                    or (e.get("via") == "python" and e.get("op") not in _P2P_PYTHON)})
+    if other:
+        return f"used {', '.join(other)}; only send/recv (isend/irecv) are allowed here"
+    sends = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "send"]
+    recvs = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "recv_"]
+    return sends, recvs
+
+
+def comm_problem(rec: dict[str, Any], allowed: Sequence[str], required: Sequence[str],
+                 limit_elements: int | None = None) -> str | None:
+    """Check one rank's communication log against the collectives the exercise allows."""
+    entries = log_entries(rec)
+    if isinstance(entries, str):
+        return entries
     forbidden = sorted({readable(e) for e in entries if family(str(e.get("op"))) not in allowed})
     if forbidden:
         return (f"used {', '.join(forbidden)}; only {' and '.join(allowed)} are allowed here")

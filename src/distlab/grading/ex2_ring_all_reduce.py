@@ -24,7 +24,6 @@ import distlab.grading
 from distlab.grading import ex2_ring_all_reduce as ex2'''
 
 FUNCTION = "ring_all_reduce"
-_P2P_PYTHON = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 
 
 # --- rank side ----------------------------------------------------------------------------------
@@ -38,20 +37,10 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
 # --- trusted side -------------------------------------------------------------------------------
 def ring_problem(record: dict[str, Any], world_size: int, rank: int, numel: int, check: str) -> str | None:
     """Check one rank's messages: ``check`` is "steps" (count and neighbours) or "bytes" (sizes)."""
-    ops, violations = record.get("ops"), record.get("violations")
-    if not isinstance(ops, list) or not isinstance(violations, list):
-        return "sent back no communication record"
-    if violations:
-        return "tampered with the grader's communication recorder: " + "; ".join(map(str, violations[:3]))
-    entries = [e for e in ops if isinstance(e, dict)]
-    other = sorted({compare.readable(e) for e in entries
-                    if (e.get("via") == "dispatch" and e.get("op") not in ("send", "recv_"))
-                    or e.get("via") in ("backend", "store")
-                    or (e.get("via") == "python" and e.get("op") not in _P2P_PYTHON)})
-    if other:
-        return f"used {', '.join(other)}; only send/recv (isend/irecv) are allowed here"
-    sends = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "send"]
-    recvs = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "recv_"]
+    found = compare.p2p_messages(record)
+    if isinstance(found, str):
+        return found
+    sends, recvs = found
     steps = 2 * (world_size - 1)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     if check == "steps":

@@ -32,7 +32,6 @@ import distlab.grading
 from distlab.grading import ex3_tree_broadcast as ex3'''
 
 FUNCTION = "tree_broadcast"
-_P2P_PYTHON = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 
 
 @dataclass(frozen=True)
@@ -70,21 +69,11 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
 # --- trusted side -------------------------------------------------------------------------------
 def _messages(record: dict[str, Any]) -> tuple[list[int], list[int]] | str:
     """(peers sent to, peers received from), in call order, or what is wrong with the record."""
-    ops, violations = record.get("ops"), record.get("violations")
-    if not isinstance(ops, list) or not isinstance(violations, list):
-        return "sent back no communication record"
-    if violations:
-        return "tampered with the grader's communication recorder: " + "; ".join(map(str, violations[:3]))
-    entries = [e for e in ops if isinstance(e, dict)]
-    other = sorted({compare.readable(e) for e in entries
-                    if (e.get("via") == "dispatch" and e.get("op") not in ("send", "recv_"))
-                    or e.get("via") in ("backend", "store")
-                    or (e.get("via") == "python" and e.get("op") not in _P2P_PYTHON)})
-    if other:
-        return f"used {', '.join(other)}; only send/recv (isend/irecv) are allowed here"
-    sends = [int(e.get("peer", -1)) for e in entries if e.get("via") == "dispatch" and e.get("op") == "send"]
-    recvs = [int(e.get("peer", -1)) for e in entries if e.get("via") == "dispatch" and e.get("op") == "recv_"]
-    return sends, recvs
+    found = compare.p2p_messages(record)
+    if isinstance(found, str):
+        return found
+    sends, recvs = found
+    return [int(e.get("peer", -1)) for e in sends], [int(e.get("peer", -1)) for e in recvs]
 
 
 def rounds_problem(records: list[Any], index: int, case: Case, world_size: int) -> str | None:

@@ -28,7 +28,6 @@ import distlab.grading
 from distlab.grading import ex4_all_to_all as ex4'''
 
 FUNCTION = "all_to_all_p2p"
-_P2P_PYTHON = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 
 
 @dataclass(frozen=True)
@@ -79,20 +78,10 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
 # --- trusted side -------------------------------------------------------------------------------
 def messages_problem(record: dict[str, Any], case: Case, world_size: int, rank: int) -> str | None:
     """One message to and one from every other rank, each exactly the chunk, nothing else."""
-    ops, violations = record.get("ops"), record.get("violations")
-    if not isinstance(ops, list) or not isinstance(violations, list):
-        return "sent back no communication record"
-    if violations:
-        return "tampered with the grader's communication recorder: " + "; ".join(map(str, violations[:3]))
-    entries = [e for e in ops if isinstance(e, dict)]
-    other = sorted({compare.readable(e) for e in entries
-                    if (e.get("via") == "dispatch" and e.get("op") not in ("send", "recv_"))
-                    or e.get("via") in ("backend", "store")
-                    or (e.get("via") == "python" and e.get("op") not in _P2P_PYTHON)})
-    if other:
-        return f"used {', '.join(other)}; only send/recv (isend/irecv) are allowed here"
-    sends = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "send"]
-    recvs = [e for e in entries if e.get("via") == "dispatch" and e.get("op") == "recv_"]
+    messages = compare.p2p_messages(record)
+    if isinstance(messages, str):
+        return messages
+    sends, recvs = messages
     others = sorted(set(range(world_size)) - {rank})
     for kind, found in (("sent", sends), ("received", recvs)):
         peers = sorted(int(e.get("peer", -1)) for e in found)
