@@ -14,7 +14,16 @@ from typing import Any
 
 from distlab.grading import compare, harness
 from distlab.grading.spec import Batch, Exercise, Part, Submission
-from distlab.grading.training import SGD, TrainCase, build_model, greedy_buckets, local_backward, reference
+from distlab.grading.training import (
+    SGD,
+    TrainCase,
+    build_model,
+    greedy_buckets,
+    local_backward,
+    params_problem,
+    reference,
+    steps_problem,
+)
 
 SETUP_SOURCE = '''\
 import torch
@@ -97,25 +106,16 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     for index, case in enumerate(batch.cases):
         text = case.describe(ws)
         want = reference(case, ws)
+        itemsize = want[0].element_size()
         for rank in range(ws):
-            record = compare.record(records, rank, index)
-            params = record.get("params") if record else None
-            if not isinstance(params, list) or len(params) != len(want):
-                return f"{text}: rank {rank} sent back no parameters"
-            for number, (got, expect) in enumerate(zip(params, want, strict=True)):
-                problem = compare.tensor_problem(got, expect, exact=False)
-                if problem:
-                    return (f"{text}: rank {rank}, parameter {number} after training {problem} "
-                            f"(expected: training on the whole batch in one process)")
+            record = compare.record(records, rank, index) or {}
+            problem = params_problem(record, want, rank, "training on the whole batch in one process")
+            if problem:
+                return f"{text}: {problem}"
             if check_buckets:
-                steps = (record or {}).get("steps")
-                if not isinstance(steps, list) or len(steps) != case.steps:
-                    return f"{text}: rank {rank} sent back no communication record"
-                itemsize = want[0].element_size()
-                for step, log in enumerate(steps):
-                    problem = buckets_problem(log, case, itemsize)
-                    if problem:
-                        return f"{text}, step {step}: rank {rank} {problem}"
+                problem = steps_problem(record, case, rank, text, buckets_problem, case, itemsize)
+                if problem:
+                    return problem
     return None
 
 

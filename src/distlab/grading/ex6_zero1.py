@@ -17,7 +17,7 @@ import torch
 
 from distlab.grading import compare, harness
 from distlab.grading.spec import Batch, Exercise, Part, Submission
-from distlab.grading.training import TrainCase, build_model, local_backward, reference
+from distlab.grading.training import TrainCase, build_model, local_backward, params_problem, reference, steps_problem
 
 SETUP_SOURCE = '''\
 import torch
@@ -100,22 +100,13 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
         numel = sum(p.numel() for p in want)
         for rank in range(ws):
             record = compare.record(records, rank, index) or {}
-            params = record.get("params")
-            if not isinstance(params, list) or len(params) != len(want):
-                return f"{text}: rank {rank} sent back no parameters"
-            for number, (got, expect) in enumerate(zip(params, want, strict=True)):
-                problem = compare.tensor_problem(got, expect, exact=False)
-                if problem:
-                    return (f"{text}: rank {rank}, parameter {number} after training {problem} "
-                            f"(expected: SGD with momentum on the whole batch in one process)")
+            problem = params_problem(record, want, rank, "SGD with momentum on the whole batch in one process")
+            if problem:
+                return f"{text}: {problem}"
             if check == "communication":
-                steps = record.get("steps")
-                if not isinstance(steps, list) or len(steps) != case.steps:
-                    return f"{text}: rank {rank} sent back no communication record"
-                for step, log in enumerate(steps):
-                    problem = comm_problem(log, numel, ws)
-                    if problem:
-                        return f"{text}, step {step}: rank {rank} {problem}"
+                problem = steps_problem(record, case, rank, text, comm_problem, numel, ws)
+                if problem:
+                    return problem
             if check == "state":
                 held, shard = record.get("state_elements"), -(-numel // ws)
                 if not isinstance(held, int) or held > shard:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from distlab.grading import compare
 from distlab.grading.cases import DTYPES
 
 
@@ -126,3 +129,29 @@ def greedy_buckets(sizes: list[int], limit: int) -> int:
             count, used = count + 1, 0.0
         used += size
     return count
+
+
+# --- trusted side: what the ex5 and ex6 judges share --------------------------------------------
+def params_problem(record: dict[str, Any], want: list[torch.Tensor], rank: int, expected: str) -> str | None:
+    """What is wrong with one rank's trained parameters, from "rank N ..." on (None: they match)."""
+    params = record.get("params")
+    if not isinstance(params, list) or len(params) != len(want):
+        return f"rank {rank} sent back no parameters"
+    for number, (got, expect) in enumerate(zip(params, want, strict=True)):
+        problem = compare.tensor_problem(got, expect, exact=False)
+        if problem:
+            return f"rank {rank}, parameter {number} after training {problem} (expected: {expected})"
+    return None
+
+
+def steps_problem(record: dict[str, Any], case: TrainCase, rank: int, text: str,
+                  check: Callable[..., str | None], *args: Any) -> str | None:
+    """``check(log, *args)`` on the communication log of each training step of one rank, as feedback."""
+    steps = record.get("steps")
+    if not isinstance(steps, list) or len(steps) != case.steps:
+        return f"{text}: rank {rank} sent back no communication record"
+    for step, log in enumerate(steps):
+        problem = check(log, *args)
+        if problem:
+            return f"{text}, step {step}: rank {rank} {problem}"
+    return None
