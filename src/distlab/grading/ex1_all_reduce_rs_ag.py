@@ -84,35 +84,31 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
-def _batch(world_size: int, *cases: Case) -> Batch:
-    return Batch(world_size, cases)
-
-
 # one batch = one set of fresh ranks; world size 2 is covered by the notebook's visible tests
 PARTS = (
     Part("divisible", "sizes divisible by the world size", (
-        _batch(4, Case((8,)), Case((12,)), Case((4,))),
+        Batch.of(4, Case((8,)), Case((12,)), Case((4,))),
     )),
     Part("indivisible", "sizes not divisible by the world size, fewer elements than ranks", (
-        _batch(3, Case((7,)), Case((2,)), Case((1,)), Case((10,))),
-        _batch(4, Case((5,)), Case((3,)), Case((9,))),
+        Batch.of(3, Case((7,)), Case((2,)), Case((1,)), Case((10,))),
+        Batch.of(4, Case((5,)), Case((3,)), Case((9,))),
     )),
     Part("shapes", "any shape", (
-        _batch(3, Case((2, 5)), Case((3, 1, 4)), Case(()), Case((4, 3))),
+        Batch.of(3, Case((2, 5)), Case((3, 1, 4)), Case(()), Case((4, 3))),
     )),
     Part("dtypes", "float32, float64 and int64", (
-        _batch(3, Case((7,), "float64"), Case((7,), "int64"), Case((6,), "float32")),
+        Batch.of(3, Case((7,), "float64"), Case((7,), "int64"), Case((6,), "float32")),
     )),
     Part("ops", "SUM, MAX, MIN and AVG", (
-        _batch(3, Case((7,), op="MAX"), Case((5,), "int64", "MIN"), Case((8,), op="AVG"),
-               Case((4,), "int64", "MAX"), Case((6,), "float64", "SUM")),
+        Batch.of(3, Case((7,), op="MAX"), Case((5,), "int64", "MIN"), Case((8,), op="AVG"),
+                 Case((4,), "int64", "MAX"), Case((6,), "float64", "SUM")),
     )),
     Part("subgroup", "a subgroup of the ranks", (
-        _batch(4, Case((5,), groups=((0, 2), (1, 3))), Case((7,), op="MAX", groups=((0, 1, 3), (2,))),
-               Case((3,), groups=((0,), (1, 2, 3)))),
+        Batch.of(4, Case((5,), groups=((0, 2), (1, 3))), Case((7,), op="MAX", groups=((0, 1, 3), (2,))),
+                 Case((3,), groups=((0,), (1, 2, 3)))),
     )),
     Part("communication", "only reduce_scatter and all_gather, one chunk per rank", (
-        _batch(4, Case((16,), check_comm=True), Case((7,), op="MAX", check_comm=True)),
+        Batch.of(4, Case((16,), check_comm=True), Case((7,), op="MAX", check_comm=True)),
     )),
 )
 

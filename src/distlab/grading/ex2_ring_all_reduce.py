@@ -86,27 +86,23 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
-def _batch(world_size: int, *cases: Case) -> Batch:
-    return Batch(world_size, cases)
-
-
 PARTS = (
     Part("divisible", "sizes divisible by the world size", (
-        _batch(3, Case((6,)), Case((9,))),
-        _batch(4, Case((8,)), Case((16,))),
+        Batch.of(3, Case((6,)), Case((9,))),
+        Batch.of(4, Case((8,)), Case((16,))),
     )),
     Part("any_size", "any size, shape and dtype, fewer elements than ranks", (
-        _batch(3, Case((7,)), Case((2,)), Case((1,)), Case((2, 5)), Case(()), Case((7,), "int64"),
-               Case((5,), "float64")),
-        _batch(4, Case((5,)), Case((3,))),
+        Batch.of(3, Case((7,)), Case((2,)), Case((1,)), Case((2, 5)), Case(()), Case((7,), "int64"),
+                 Case((5,), "float64")),
+        Batch.of(4, Case((5,)), Case((3,))),
     )),
     Part("steps", "2(n-1) steps, each a send to the right and a receive from the left", (
-        _batch(4, Case((16,)), Case((7,))),
-        _batch(3, Case((9,))),
+        Batch.of(4, Case((16,)), Case((7,))),
+        Batch.of(3, Case((9,))),
     )),
     Part("bytes", "each step sends one chunk: 1/n of the tensor", (
-        _batch(4, Case((16,)), Case((10,))),
-        _batch(3, Case((9,))),
+        Batch.of(4, Case((16,)), Case((10,))),
+        Batch.of(3, Case((9,))),
     )),
 )
 

@@ -136,23 +136,19 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
-def _batch(world_size: int, *cases: Case) -> Batch:
-    return Batch(world_size, cases)
-
-
 PARTS = (
     Part("from_zero", "from rank 0 on a power-of-two world", (
-        _batch(4, Case((5,)), Case((2, 3)), Case(())),
+        Batch.of(4, Case((5,)), Case((2, 3)), Case(())),
     )),
     Part("any_source", "from any rank", (
-        _batch(4, Case((5,), src=3), Case((4,), src=1, dtype="int64"), Case((3,), src=2)),
+        Batch.of(4, Case((5,), src=3), Case((4,), src=1, dtype="int64"), Case((3,), src=2)),
     )),
     Part("any_world_size", "world sizes that are not powers of two", (
-        _batch(3, Case((6,)), Case((6,), src=1), Case((2, 2), src=2, dtype="float64")),
+        Batch.of(3, Case((6,)), Case((6,), src=1), Case((2, 2), src=2, dtype="float64")),
     )),
     Part("rounds", "a binomial tree: ceil(log2 n) rounds, one receive per rank", (
-        _batch(4, Case((8,), src=1), Case((8,), src=0)),
-        _batch(3, Case((5,), src=2)),
+        Batch.of(4, Case((8,), src=1), Case((8,), src=0)),
+        Batch.of(3, Case((5,), src=2)),
     )),
 )
 

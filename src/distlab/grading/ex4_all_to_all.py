@@ -117,10 +117,6 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
-def _batch(world_size: int, *cases: Case) -> Batch:
-    return Batch(world_size, cases)
-
-
 def _equal(world_size: int, rows: int) -> tuple[tuple[int, ...], ...]:
     return tuple((rows,) * world_size for _ in range(world_size))
 
@@ -130,16 +126,16 @@ UNEVEN_4 = ((2, 0, 1, 3), (1, 1, 4, 0), (0, 2, 2, 1), (5, 1, 0, 2))
 
 PARTS = (
     Part("equal_chunks", "every chunk the same size", (
-        _batch(4, Case(_equal(4, 2)), Case(_equal(4, 1), row=(3,))),
-        _batch(2, Case(_equal(2, 3))),
+        Batch.of(4, Case(_equal(4, 2)), Case(_equal(4, 1), row=(3,))),
+        Batch.of(2, Case(_equal(2, 3))),
     )),
     Part("uneven_chunks", "chunks of different sizes, some empty, any row shape and dtype", (
-        _batch(3, Case(UNEVEN_3), Case(UNEVEN_3, row=(2, 2), dtype="int64")),
-        _batch(4, Case(UNEVEN_4, dtype="float64")),
+        Batch.of(3, Case(UNEVEN_3), Case(UNEVEN_3, row=(2, 2), dtype="int64")),
+        Batch.of(4, Case(UNEVEN_4, dtype="float64")),
     )),
     Part("messages", "one message to and from every other rank, each exactly its chunk", (
-        _batch(4, Case(_equal(4, 2)), Case(((1, 2, 3, 4), (2, 3, 4, 1), (3, 4, 1, 2), (4, 1, 2, 3)))),
-        _batch(3, Case(((2, 1, 3), (1, 2, 2), (3, 3, 1)), row=(2,))),
+        Batch.of(4, Case(_equal(4, 2)), Case(((1, 2, 3, 4), (2, 3, 4, 1), (3, 4, 1, 2), (4, 1, 2, 3)))),
+        Batch.of(3, Case(((2, 1, 3), (1, 2, 2), (3, 3, 1)), row=(2,))),
     )),
 )
 

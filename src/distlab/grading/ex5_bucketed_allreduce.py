@@ -119,22 +119,18 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
-def _batch(world_size: int, *cases: TrainCase) -> Batch:
-    return Batch(world_size, cases)
-
-
 PARTS = (
     Part("averages", "the trained parameters match single-process training", (
-        _batch(2, TrainCase(bucket_bytes=64), TrainCase(bucket_bytes=4096, dtype="float64")),
-        _batch(4, TrainCase(bucket_bytes=200, momentum=0.9)),
+        Batch.of(2, TrainCase(bucket_bytes=64), TrainCase(bucket_bytes=4096, dtype="float64")),
+        Batch.of(4, TrainCase(bucket_bytes=200, momentum=0.9)),
     )),
     Part("buckets", "one all_reduce per bucket of at most bucket_bytes", (
-        _batch(2, TrainCase(bucket_bytes=64), TrainCase(bucket_bytes=8), TrainCase(bucket_bytes=100_000)),
-        _batch(3, TrainCase(bucket_bytes=150, steps=2)),
+        Batch.of(2, TrainCase(bucket_bytes=64), TrainCase(bucket_bytes=8), TrainCase(bucket_bytes=100_000)),
+        Batch.of(3, TrainCase(bucket_bytes=150, steps=2)),
     )),
     Part("frozen", "parameters without gradients (frozen or unused) are skipped", (
-        _batch(2, TrainCase(bucket_bytes=64, frozen=True), TrainCase(bucket_bytes=64, unused=True)),
-        _batch(3, TrainCase(bucket_bytes=128, frozen=True, unused=True, steps=2)),
+        Batch.of(2, TrainCase(bucket_bytes=64, frozen=True), TrainCase(bucket_bytes=64, unused=True)),
+        Batch.of(3, TrainCase(bucket_bytes=128, frozen=True, unused=True, steps=2)),
     )),
 )
 

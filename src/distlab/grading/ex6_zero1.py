@@ -115,22 +115,18 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
-def _batch(world_size: int, *cases: TrainCase) -> Batch:
-    return Batch(world_size, cases)
-
-
 PARTS = (
     Part("matches", "the trained parameters match single-process SGD with momentum", (
-        _batch(2, TrainCase(momentum=0.9), TrainCase(momentum=0.0, dtype="float64")),
-        _batch(3, TrainCase(momentum=0.9, steps=2)),
+        Batch.of(2, TrainCase(momentum=0.9), TrainCase(momentum=0.0, dtype="float64")),
+        Batch.of(3, TrainCase(momentum=0.9, steps=2)),
     )),
     Part("communication", "one reduce_scatter and one all_gather per step", (
-        _batch(4, TrainCase(momentum=0.9)),
-        _batch(3, TrainCase(momentum=0.5, steps=2)),
+        Batch.of(4, TrainCase(momentum=0.9)),
+        Batch.of(3, TrainCase(momentum=0.5, steps=2)),
     )),
     Part("state", "momentum is kept for this rank's shard only", (
-        _batch(4, TrainCase(momentum=0.9)),
-        _batch(2, TrainCase(momentum=0.9, steps=2)),
+        Batch.of(4, TrainCase(momentum=0.9)),
+        Batch.of(2, TrainCase(momentum=0.9, steps=2)),
     )),
 )
 

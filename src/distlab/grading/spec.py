@@ -28,6 +28,11 @@ class Batch:
     world_size: int
     cases: tuple[Any, ...]
 
+    @classmethod
+    def of(cls, world_size: int, *cases: Any) -> Batch:
+        """``Batch.of(4, case_a, case_b)``: how the exercises' PARTS tables spell a batch."""
+        return cls(world_size, cases)
+
 
 @dataclass(frozen=True)
 class Part:
