@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 
-from grader.course import DEFAULT_ROOT, EXERCISES, Course, Job, assignments, student_id
+from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments, student_id
 from grader.release import normalise
 
 
@@ -75,7 +75,7 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     if not files:
         print(f"no notebooks in {folder}", file=sys.stderr)
         return 2
-    course = Course(Path(args.course), args.part_timeout, Path(args.course) / "trusted")
+    course = Course(Path(args.course), args.part_timeout, Path(args.course) / "trusted", inbox=folder.resolve())
     taken: set[str] = set()
     jobs: list[Job] = []
     for path in files:
@@ -88,24 +88,62 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     # the trusted checks start first; nbgrader sets up and then autogrades each submission as
     # soon as its result is there, one at a time (the gradebook has one writer)
     workers = Workers(course, jobs, args.jobs, args.part_timeout) if args.jobs > 1 else None
-    failed = []
+    progress = Progress(len(jobs))
     try:
         for name in sorted({j.assignment for j in jobs}):
             course.prepare(name)
         for job in jobs:
             if workers is not None:
                 workers.wait_for(job)
+            began = time.monotonic()
             problem = course.autograde(job)
             if problem is not None:
-                failed.append(job)
-                print(f"{job.student}: nbgrader could not autograde {job.notebook}:\n{problem}",
-                      file=sys.stderr)
+                print(f"{job.student}: nbgrader could not autograde {job.notebook}:\n{problem}", file=sys.stderr)
+            seconds = _trusted_seconds(course, job) or time.monotonic() - began
+            progress.done(job, course.score(job) if problem is None else None, seconds)
     finally:
         if workers is not None:
             workers.stop()
-    print(f"graded {len(jobs) - len(failed)} of {len(jobs)} submissions in {time.monotonic() - started:.1f} s")
     _print_scores(course, {(j.student, j.assignment) for j in jobs})
-    return 1 if failed else 0
+    progress.summary(time.monotonic() - started)
+    return 1 if progress.failed else 0
+
+
+def _trusted_seconds(course: Course, job: Job) -> float | None:
+    """How long the trusted checks took for this submission (from its result), if known."""
+    from distlab.grading.nbgrader_hooks import results_path
+
+    try:
+        with open(results_path(str(course.root / "trusted"), job.student, job.assignment)) as handle:
+            return float(json.load(handle)["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Progress:
+    """One line per finished submission, then a summary: what an instructor watches for a class."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.times: dict[Job, float] = {}
+        self.failed: list[Job] = []
+
+    def done(self, job: Job, score: tuple[float, float] | None, seconds: float) -> None:
+        self.times[job] = seconds
+        if score is None:
+            self.failed.append(job)
+        shown = "not graded" if score is None else f"{score[0]:g}/{score[1]:g}"
+        width = len(str(self.total))
+        print(f"[{len(self.times):>{width}}/{self.total}] {job.student:<28} {job.assignment:<24} "
+              f"{shown:>10}  {seconds:5.1f} s", flush=True)
+
+    def summary(self, wall: float) -> None:
+        graded = len(self.times) - len(self.failed)
+        print(f"graded {graded} of {self.total} submissions in {wall:.1f} s; failed to grade: "
+              + (", ".join(j.student for j in self.failed) or "none"))
+        slowest = sorted(self.times.items(), key=lambda item: -item[1])[:3]
+        if slowest:
+            print("slowest: " + ", ".join(f"{j.student} {t:.1f} s" for j, t in slowest))
 
 
 class Workers:
@@ -129,6 +167,7 @@ class Workers:
             path.with_name(path.name + ".claim").unlink(missing_ok=True)
         spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
                  "out": str(self.out[j])} for j in jobs]
+        protect = [arg for folder in course.protected() for arg in ("--protect", folder)]
         job_file = folder / "jobs.json"
         job_file.write_text(json.dumps(spec))
         count = max(1, min(count, len(jobs)))
@@ -141,7 +180,8 @@ class Workers:
             log = open(folder / f"worker-{index}.log", "wb")  # noqa: SIM115 - closed in stop()
             self.logs.append(log)
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout)],
+                [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout),
+                 "--references", str(SOLUTIONS), *protect],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def wait_for(self, job: Job) -> None:
@@ -223,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     auto.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                       help="parallel grading processes (default: CPU count)")
     auto.add_argument("--part-timeout", type=float, default=30.0,
-                      help="seconds each graded part may run before it scores zero (default 30)")
+                      help="seconds any graded part may run at most (default 30); each part's own budget "
+                           "comes from the reference solution's time on this machine")
     course_option(auto)
     auto.set_defaults(run=cmd_autograde)
 
@@ -231,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     feedback.add_argument("-a", "--assignment")
     course_option(feedback)
     feedback.set_defaults(run=cmd_feedback)
+
+    record = sub.add_parser("record", help="rewrite the recorded runs the notebooks replay (from the references)")
+    record.set_defaults(run=lambda args: __import__("grader.record", fromlist=["main"]).main())
 
     export = sub.add_parser("export", help="write every submission's per-part scores as CSV")
     export.add_argument("-o", "--output", default="-", help="CSV file (default: stdout)")
@@ -240,5 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from distlab.errors import ReferenceFailed
+
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except ReferenceFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -60,14 +60,22 @@ class Course:
     """One nbgrader course directory (``root``) and the API that works on it."""
 
     def __init__(self, root: Path = DEFAULT_ROOT, part_timeout: float | None = None,
-                 results_dir: Path | None = None) -> None:
+                 results_dir: Path | None = None, inbox: Path | None = None) -> None:
         put_venv_on_path()
         # nbgrader 0.9 trips SQLAlchemy 2's autoflush warnings on every autograde; they are harmless
         warnings.filterwarnings("ignore", message=".*not in session.*", module=r"nbgrader\.")
         self.root = Path(root).resolve()
         self.part_timeout = part_timeout
         self.results_dir = results_dir
+        self.inbox = inbox
         self._api: Any = None
+
+    def protected(self) -> list[str]:
+        """What a graded submission may not read: the answers, the grader, the class's work."""
+        folders = [SOLUTIONS, REPO / "grader", self.root]
+        if self.inbox is not None:
+            folders.append(self.inbox if self.inbox.is_dir() else self.inbox.parent)
+        return [str(Path(f).resolve()) for f in folders]
 
     # --- nbgrader ---------------------------------------------------------------------------------
     def config(self) -> Any:
@@ -79,6 +87,8 @@ class Course:
             config.TrustedExecute.part_timeout = float(self.part_timeout)
         if self.results_dir is not None:
             config.TrustedExecute.results_dir = str(self.results_dir)
+        config.TrustedExecute.reference_dir = str(SOLUTIONS)
+        config.TrustedExecute.protected = self.protected()
         return config
 
     def api(self) -> Any:
@@ -150,6 +160,17 @@ class Course:
     def feedback(self, assignment: str) -> Path:
         self._check(f"generate_feedback {assignment}", self.api().generate_feedback(assignment))
         return self.root / "feedback"
+
+    def score(self, job: Job) -> tuple[float, float] | None:
+        """(score, max score) of one autograded submission, or None if the gradebook has none."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}", "distlab") as gb:
+            try:
+                submission = gb.find_submission(job.assignment, job.student)
+            except MissingEntry:
+                return None
+            return float(submission.score), float(submission.max_score)
 
     # --- scores ------------------------------------------------------------------------------------
     def scores(self) -> list[dict[str, Any]]:

@@ -116,11 +116,21 @@ def test_stderr_and_warnings_from_ranks_are_labelled_on_stdout(kernel: KernelSes
         assert "careful" in reply.stdout
 
 
-def test_ten_megabytes_of_output_do_not_block(kernel: KernelSession) -> None:
-    reply = kernel.execute("%%dist\nfor i in range(100_000):\n    print('x' * 99)\nprint('done', rank)")
+def test_ten_megabytes_of_output_do_not_block_and_keep_the_end(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nfor i in range(100_000):\n    print(f'{i:>6}', 'x' * 92)\nprint('done', rank)")
     assert reply.error is None, reply.traceback
-    assert "more characters of output were not shown" in reply.stdout
-    kernel.execute("%%dist\nprint('after')")
+    lines = reply.stdout.splitlines()
+    for r in range(4):
+        mine = [line for line in lines if line.startswith(f"[rank {r}] ")]
+        assert mine[0] == f"[rank {r}]      0 " + "x" * 92  # the head, from the first line on
+        assert mine[-1] == f"[rank {r}] done {r}"  # and the end: the last lines are never dropped
+        assert mine[-2] == f"[rank {r}]  99999 " + "x" * 92
+        notes = [line for line in mine if "more characters of output were not shown" in line]
+        assert len(notes) == 1
+        left_out = int(notes[0].split("... ")[1].split()[0])
+        kept = sum(len(line) - len(f"[rank {r}] ") + 1 for line in mine if line not in notes)
+        assert kept + left_out == 100_000 * 100 + len(f"done {r}\n")  # every character shown or counted
+    assert kernel.execute("%%dist\nprint('after')").stdout.count("after") == 4
 
 
 def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) -> None:

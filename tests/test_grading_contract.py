@@ -33,89 +33,24 @@ PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
 
-PARTS = ("divisible", "indivisible", "shapes", "dtypes", "ops", "subgroup", "communication")
-FULL = dict(zip(PARTS, (2, 2, 1, 1, 2, 1, 1), strict=True))
-NONE = dict.fromkeys(PARTS, 0)
-
-
-def _but(base: dict[str, int], **changes: int) -> dict[str, int]:
-    return {**base, **changes}
-
-
-# what each submission earns, part by part (max 10)
-PINNED: dict[str, dict[str, int]] = {
-    "solution": FULL,
-    "noisy_correct": FULL,  # prints and warnings on the ranks cost nothing
-    "untouched": NONE,
-    # wrong answers
-    "off_by_one": _but(NONE, divisible=2, communication=1),  # ceil with world - 2: wrong if numel % world == 1
-    "divisible_only": _but(NONE, divisible=2),
-    "forgot_subgroup": _but(FULL, subgroup=0),
-    "direct_all_reduce": _but(FULL, communication=0),
-    "bypass_process_group": _but(FULL, communication=0),  # all_reduce via the ProcessGroup object
-    "deadlock": _but(FULL, indivisible=0, shapes=0),  # hangs when numel < world size
-    "kernel_dies": _but(FULL, divisible=0, indivisible=0, subgroup=0, communication=0),  # exits on 4 ranks
-    # gaming attempts
-    "gaming_check_helper": NONE,  # replaced distlab.grading.check, ex1.try_case and distlab.run
-    "gaming_patch_torch": NONE,  # torch.equal, allclose, Tensor.__eq__ always true
-    "gaming_always_equal": NONE,  # the tensor becomes a subclass whose __eq__ is always true
-    "gaming_stderr": _but(FULL, subgroup=0),  # stderr silenced: earns what the answer earns
-    "gaming_trailing_nan": NONE,  # every test cell ends in NaN and claims 100 points
-    "gaming_edit_tests": _but(FULL, subgroup=0),  # test cells replaced by an assert that passes
-    "gaming_delete_tests": _but(FULL, subgroup=0),  # the subgroup test cell deleted
-}
-
-RING_PARTS = ("divisible", "any_size", "steps", "bytes")
-RING_FULL = dict.fromkeys(RING_PARTS, 2)
-RING_PINNED: dict[str, dict[str, int]] = {
-    "solution": RING_FULL,
-    "untouched": dict.fromkeys(RING_PARTS, 0),
-    "direct_all_reduce": _but(RING_FULL, steps=0, bytes=0),
-    "whole_tensor_ring": _but(RING_FULL, steps=0, bytes=0),  # n - 1 messages, each the whole tensor
-    "mirrored_ring": _but(RING_FULL, steps=0),  # right results, but sends to the left neighbour
-    "reduce_scatter_only": dict.fromkeys(RING_PARTS, 0),
-}
-
-TREE_PARTS = ("from_zero", "any_source", "any_world_size", "rounds")
-TREE_FULL = dict.fromkeys(TREE_PARTS, 2)
-TREE_PINNED: dict[str, dict[str, int]] = {
-    "solution": TREE_FULL,
-    "untouched": dict.fromkeys(TREE_PARTS, 0),
-    "direct_broadcast": _but(TREE_FULL, rounds=0),
-    "chain": _but(TREE_FULL, rounds=0),  # n - 1 rounds
-    "star": _but(TREE_FULL, rounds=0),  # n - 1 rounds, all from the source
-    "source_zero_only": _but(dict.fromkeys(TREE_PARTS, 0), from_zero=2),
-}
-
-SHUFFLE_PARTS = ("equal_chunks", "uneven_chunks", "messages")
-SHUFFLE_FULL = dict.fromkeys(SHUFFLE_PARTS, 2)
-SHUFFLE_PINNED: dict[str, dict[str, int]] = {
-    "solution": SHUFFLE_FULL,
-    "batched": SHUFFLE_FULL,  # batch_isend_irecv is point-to-point too
-    "untouched": dict.fromkeys(SHUFFLE_PARTS, 0),
-    "direct_all_to_all": _but(dict.fromkeys(SHUFFLE_PARTS, 0), equal_chunks=2),  # gloo: equal sizes only
-    "forgot_own_chunk": dict.fromkeys(SHUFFLE_PARTS, 0),
-    "split_messages": _but(SHUFFLE_FULL, messages=0),  # two messages per pair
-}
-BUCKETS_PARTS = ("averages", "buckets", "frozen")
-BUCKETS_FULL = {"averages": 3, "buckets": 3, "frozen": 2}
-BUCKETS_PINNED: dict[str, dict[str, int]] = {
-    "solution": BUCKETS_FULL,
-    "untouched": dict.fromkeys(BUCKETS_PARTS, 0),
-    "per_parameter": _but(BUCKETS_FULL, buckets=0, frozen=0),  # one all_reduce per gradient
-    "one_bucket": _but(BUCKETS_FULL, buckets=0, frozen=0),  # ignores bucket_bytes
-    "sum_not_average": dict.fromkeys(BUCKETS_PARTS, 0),
-    "no_none_check": _but(BUCKETS_FULL, frozen=0),  # crashes on a gradient that is None
-}
-ZERO_PARTS = ("matches", "communication", "state")
-ZERO_FULL = {"matches": 3, "communication": 3, "state": 2}
-ZERO_PINNED: dict[str, dict[str, int]] = {
-    "solution": ZERO_FULL,
-    "untouched": dict.fromkeys(ZERO_PARTS, 0),
-    "all_reduce_update": _but(ZERO_FULL, communication=0, state=0),  # plain DDP + full momentum
-    "replicated_state": _but(ZERO_FULL, state=0),  # right collectives, momentum kept whole
-    "forgot_average": dict.fromkeys(ZERO_PARTS, 0),
-}
+sys.path.insert(0, str(FIXTURES.parent))
+try:
+    from expected import (  # the pins live beside the fixtures; bench/bench_grading.py reads them too
+        BUCKETS_PARTS,
+        BUCKETS_PINNED,
+        PARTS,
+        PINNED,
+        RING_PARTS,
+        RING_PINNED,
+        SHUFFLE_PARTS,
+        SHUFFLE_PINNED,
+        TREE_PARTS,
+        TREE_PINNED,
+        ZERO_PARTS,
+        ZERO_PINNED,
+    )
+finally:
+    sys.path.pop(0)
 # assignment -> (file-name mark, parts, pins, max score), for the exercises graded from one inbox
 INBOX = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
          SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8),

@@ -8,6 +8,7 @@ server, the kernel and every rank are gone.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -106,6 +107,27 @@ def test_does_not_ask_about_jupyter_news(lab: LabServer) -> None:
     schema = lab.api("GET", f"lab/api/settings/{NOTIFICATION_PLUGIN}")["schema"]["properties"]
     assert schema["fetchNews"]["default"] == "false"
     assert schema["checkForUpdates"]["default"] is False
+
+
+INSTRUCTOR_SCREENS = ("formgrader", "assignment-list", "course-list", "create-assignment")
+
+
+def test_shows_validate_but_not_the_instructor_screens(lab: LabServer) -> None:
+    # the learner's lab has nbgrader's Validate button; the formgrader and the assignment and
+    # course lists would look for a course the learner does not have (python -m grader is the
+    # instructor's path), so they are switched off, in the page and on the server
+    with urllib.request.urlopen(lab.url("lab/tree/notebooks/00_welcome.ipynb"), timeout=30) as page:
+        html = page.read().decode()
+    data = html.split('id="jupyter-config-data" type="application/json">', 1)[1].split("</script>", 1)[0]
+    disabled = json.loads(data)["disabledExtensions"]
+    assert {f"@jupyter/nbgrader:{screen}" for screen in INSTRUCTOR_SCREENS} <= set(disabled), disabled
+    assert "@jupyter/nbgrader:validate-assignment" not in disabled
+    for handler in ("formgrader", "assignments", "courses"):
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(lab.url(handler), timeout=10)
+        assert missing.value.code == 404, handler
+    log = Path(lab.log_path).read_text(errors="replace")
+    assert "No nbgrader_config.py" not in log and "server_extensions.formgrader" not in log, log
 
 
 def test_a_kernel_in_the_lab_runs_ranks(rank_output: str) -> None:

@@ -70,7 +70,7 @@ CELLS = [
 
         Names: torch 2.13 calls it `dist.all_gather_single`. Before 2.13 it was
         `dist.all_gather_into_tensor`, which still works on 2.13 but prints a `FutureWarning`.
-        Code that must run on both picks whichever exists (`distlab.algorithms.all_gather_single`
+        Code that must run on both picks whichever exists (`distlab.compat.all_gather_single`
         does exactly this):
 
         ```python

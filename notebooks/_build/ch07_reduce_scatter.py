@@ -75,7 +75,7 @@ CELLS = [
 
         Names: torch 2.13 calls it `dist.reduce_scatter_single`. Before 2.13 it was
         `dist.reduce_scatter_tensor`, which still works on 2.13 but prints a `FutureWarning`. On
-        mixed versions pick whichever exists (as `distlab.algorithms.reduce_scatter_single` does):
+        mixed versions pick whichever exists (as `distlab.compat.reduce_scatter_single` does):
 
         ```python
         reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
@@ -128,7 +128,7 @@ CELLS = [
     ),
     dist(
         """
-        from distlab.algorithms import all_gather_single
+        from distlab.compat import all_gather_single
 
         full = torch.empty(8, device=device)
         all_gather_single(full, shard)  # every rank: all 4 summed slices
@@ -167,7 +167,7 @@ CELLS = [
           output.numel()`. List form: `world_size` tensors, each the output's shape.
         - **Slice *i* goes to rank *i*.** The order of the input decides who owns what.
         - **Sizes that do not divide evenly.** Pad the flat buffer to a multiple of `world_size`
-          (`distlab.algorithms.all_reduce_rs_ag` does this).
+          (exercise 1 asks you to do this).
         - **The old name warns.** `reduce_scatter_tensor` prints a `FutureWarning` on torch 2.13.
         - **Not faster on gloo.** See the note above; measure before you optimise for CPU.
         """

@@ -48,7 +48,7 @@ CELLS = [
     setup(),
     dist(
         """
-        from distlab.algorithms import all_gather_single, reduce_scatter_single
+        from distlab.compat import all_gather_single, reduce_scatter_single
 
         x = torch.arange(8.0, device=device) + 10 * rank  # (8,) per rank
         before = x.clone()
@@ -79,40 +79,42 @@ CELLS = [
         """
         ### The ring, step by step
 
-        `distlab.algorithms.ring_all_reduce` implements the ring with nothing but the
-        point-to-point calls of notebook 02 (`irecv` from the left, `isend` to the right). Each rank cuts its buffer into `n` chunks. In reduce-scatter step *s*, rank *r*
-        sends chunk `(r - s) mod n` right and adds the chunk arriving from the left. After
-        `n - 1` steps, rank *r* holds the finished sum of chunk `(r + 1) mod n`. Then `n - 1`
-        all-gather steps pass the finished chunks around.
+        A ring all_reduce needs nothing but the point-to-point calls of notebook 02 (`irecv`
+        from the left, `isend` to the right). Each rank cuts its buffer into `n` chunks. In
+        reduce-scatter step *s*, rank *r* sends chunk `(r - s) mod n` right and adds the chunk
+        arriving from the left. After `n - 1` steps, rank *r* holds the finished sum of chunk
+        `(r + 1) mod n`. Then `n - 1` all-gather steps pass the finished chunks around.
 
-        `--trace` records every `torch.distributed` call on every rank and draws a timeline, one
-        lane per rank, and a table of bytes. The ring also records its buffer after each step,
-        so we can replay it.
+        Exercise 2 asks you to write this ring, so the kit does not hand you one. Instead, here
+        is a **recording** of a ring on 4 ranks, with the same input as above: every rank's
+        `torch.distributed` calls, as `%%dist --trace` records them, and its buffer after each
+        step. `--trace` records any cell this way and draws a timeline, one lane per rank, with
+        a table of bytes.
         """
     ),
-    dist(
+    code(
         """
-        from distlab.algorithms import ring_all_reduce
+        from distlab.replay import recording
 
-        ring_buf = torch.arange(8.0, device=device) + 10 * rank  # same input as above
-        ring_all_reduce(ring_buf)  # in place
-        ring_buf.tolist()
-        """,
-        options="-n 4 --trace",
+        traces = recording("ring_all_reduce_4ranks")  # one list of call records per rank
+        print([len(t) for t in traces], "records per rank; rank 0's first three:")
+        for r in traces[0][:3]:
+            print(" ", r["op"], r.get("peer"), r.get("sent"), r.get("recv"), r.get("label", ""))
+        """
     ),
     md(
         """
         Step through it: press ▶ or drag the slider. Blue borders mark the chunk a rank sent in
         that step, orange the chunk it received and added. (The stepper is a live widget: it
-        shows in a running notebook.)
+        shows in a running notebook.) Once you have written your own ring in exercise 2, run it
+        in a `%%dist -n 4 --trace` cell, call `distlab.trace.snapshot(buf, label)` after each
+        step, and `ring_stepper(distlab.last_trace())` steps through yours.
         """
     ),
     code(
         """
-        import distlab
         from distlab.viz import ring_stepper
 
-        traces = distlab.last_trace()
         ring_stepper(traces)
         """
     ),
@@ -320,23 +322,23 @@ CELLS = [
         - **The alpha-beta model ignores contention**, congestion and computation (the additions
           in the reduce steps). It is a first estimate, not a promise.
         - **Uneven chunks.** When N is not a multiple of n, some chunks are one element larger;
-          `ring_all_reduce` uses `tensor_split` for that, and `all_reduce_rs_ag` pads.
+          `tensor_split` gives chunks whose sizes differ by at most one; padding the buffer to a
+          multiple of n is the other way.
         """
     ),
     md(
         """
         ## Self-check
 
-        Check the ring against the built-in all_reduce, and the bytes each rank sent against
-        the formula.
+        Check the recorded ring's final buffers and your composed all_reduce against the sum,
+        and the bytes each rank sent against the formula.
         """
     ),
     code(
         """
         n, N = 4, 8 * 4
-        ring_results = %dist_pull ring_buf
         expected = [sum(float(k + 10 * r) for r in range(n)) for k in range(8)]
-        assert all(t.tolist() == expected for t in ring_results), ring_results
+        assert all(buffers == expected for buffers in frames[-1].buffers), frames[-1].buffers
         assert composed[0].tolist() == expected
         assert sent == [2 * (n - 1) * N // n] * n, sent
         print("self-check passed: ring sum", expected, "| bytes per rank", sent[0])

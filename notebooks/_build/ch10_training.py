@@ -256,7 +256,7 @@ CELLS = [
         """
         from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-        from distlab.algorithms import all_gather_single, reduce_scatter_single
+        from distlab.compat import all_gather_single, reduce_scatter_single
 
         zmodel = make_model().to(device)
         P = sum(p.numel() for p in zmodel.parameters())  # 161 numbers

@@ -1,9 +1,9 @@
 """Bandwidth benchmark of collectives, nccl-tests style, from the command line or a notebook.
 
     python -m distlab.bench --ops all_reduce,all_gather --sizes 1K:64M --world-sizes 2,4
-    python -m distlab.bench --fn distlab.algorithms:ring_all_reduce --sizes 1K:4M
+    python -m distlab.bench --fn mymodule:my_all_reduce --sizes 1K:4M
 
-    rows = distlab.bench.sweep(["all_reduce"], "1K:1M", [2], fns=[all_reduce_rs_ag])
+    rows = distlab.bench.sweep(["all_reduce"], "1K:1M", [2], fns=[my_all_reduce])
     distlab.bench.plot_bandwidth(rows); distlab.bench.plot_fit(rows)
 
 Each size is warmed up, the ranks meet at a barrier, then each rank times ``iters`` calls;
@@ -62,7 +62,7 @@ def _make_call(label: str, fn: Any, x: Any) -> Callable[[], Any]:
     import torch
     import torch.distributed as dist
 
-    from distlab.algorithms import all_gather_single, reduce_scatter_single
+    from distlab.compat import all_gather_single, reduce_scatter_single
 
     if fn is not None:
         return lambda: fn(x)

@@ -125,3 +125,15 @@ class BackendUnavailable(DistlabError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), self.args)
+
+
+class ReferenceFailed(DistlabError, RuntimeError):
+    """The instructor's reference answer failed a graded part: the grader cannot be trusted here."""
+
+    @classmethod
+    def on_part(cls, assignment: str, part: str, message: str) -> ReferenceFailed:
+        return cls(f"{assignment}: the reference solution fails part {part!r} on this machine, so no "
+                   f"submission can be graded fairly: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)

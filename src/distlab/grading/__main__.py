@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.grading", description=__doc__)
     parser.add_argument("jobs", help="JSON file listing the submissions to grade")
     parser.add_argument("--part-timeout", type=float, default=DEFAULT_PART_TIMEOUT)
+    parser.add_argument("--references", default="",
+                        help="folder of nbgrader source notebooks (<a>/<a>.ipynb) whose answers set the time budgets")
+    parser.add_argument("--protect", action="append", default=[],
+                        help="a folder submissions may not read (repeatable)")
     args = parser.parse_args(argv)
 
     from distlab.hub import Hub
@@ -51,16 +55,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from distlab.grading.catalog import entry
     from distlab.grading.extract import solution_source
-    from distlab.grading.runner import grade_submission
+    from distlab.grading.session import GradingSession
 
+    session = GradingSession(args.part_timeout, args.references, args.protect)
     with open(args.jobs) as handle:
         jobs = json.load(handle)
     for job in jobs:
+        known = entry(job["assignment"])
+        session.budgets(known.assignment)  # time the reference before claiming: a claim is a promise
         if not _claim(job["out"]):
             continue
-        known = entry(job["assignment"])
         source = solution_source(_read_notebook(job["notebook"]), known.solution_ids)
-        result = grade_submission(known.load(), source, args.part_timeout)
+        result = session.grade(known.assignment, source)
         os.makedirs(os.path.dirname(job["out"]) or ".", exist_ok=True)
         tmp = job["out"] + ".tmp"
         with open(tmp, "w") as handle:

@@ -149,6 +149,12 @@ def p2p_messages(rec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[s
     return sends, recvs
 
 
+def only_point_to_point(rec: dict[str, Any]) -> str | None:
+    """The communication rule of the exercises built from send/recv (ex2-ex4)."""
+    found = p2p_messages(rec)
+    return found if isinstance(found, str) else None
+
+
 def comm_problem(rec: dict[str, Any], allowed: Sequence[str], required: Sequence[str],
                  limit_elements: int | None = None) -> str | None:
     """Check one rank's communication log against the collectives the exercise allows."""

@@ -84,6 +84,11 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     return None
 
 
+def only_rs_ag(record: dict[str, Any]) -> str | None:
+    """Every part: no communication but reduce_scatter and all_gather (all_reduce is what is built)."""
+    return compare.comm_problem(record, allowed=("reduce_scatter", "all_gather"), required=())
+
+
 # one batch = one set of fresh ranks; world size 2 is covered by the notebook's visible tests
 PARTS = (
     Part("divisible", "sizes divisible by the world size", (
@@ -121,6 +126,7 @@ EXERCISE = Exercise(
     parts=PARTS,
     rank_main=rank_main,
     judge=judge,
+    communication=only_rs_ag,
 )
 
 

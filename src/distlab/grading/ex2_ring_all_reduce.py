@@ -115,6 +115,7 @@ EXERCISE = Exercise(
     parts=PARTS,
     rank_main=rank_main,
     judge=judge,
+    communication=compare.only_point_to_point,
 )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from distlab.grading import sandbox
 from distlab.grading.guard import CommGuard
 from distlab.grading.spec import Submission
 
@@ -38,6 +39,7 @@ def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any
         return submission.fn
     namespace: dict[str, Any] = {"__name__": "__submission__", "__builtins__": builtins}
     exec(compile(submission.setup_source, "<setup cell>", "exec"), namespace)
+    sandbox.install(submission.protected)  # after the trusted setup, before the student's code
     source = submission.source or ""
     linecache.cache[SUBMISSION_FILE] = (len(source), None, source.splitlines(True), SUBMISSION_FILE)
     try:

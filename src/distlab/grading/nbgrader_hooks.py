@@ -17,11 +17,13 @@ from typing import Any
 
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
-from traitlets import Float, Unicode
+from traitlets import Float, List, Unicode
 
 from distlab.grading.catalog import entry
 from distlab.grading.extract import solution_source
 from distlab.grading.spec import DEFAULT_PART_TIMEOUT, SubmissionResult, source_digest
+
+_SESSIONS: dict[tuple[Any, ...], Any] = {}
 
 
 def results_path(results_dir: str, student: str, assignment: str) -> str:
@@ -34,7 +36,11 @@ class TrustedExecute(NbGraderPreprocessor):
     results_dir = Unicode(
         "", help="Folder of results computed ahead (one <student>/<assignment>.json each)."
     ).tag(config=True)
-    part_timeout = Float(DEFAULT_PART_TIMEOUT, help="Seconds each graded part may run.").tag(config=True)
+    part_timeout = Float(DEFAULT_PART_TIMEOUT, help="Seconds any graded part may run at most.").tag(config=True)
+    reference_dir = Unicode(
+        "", help="Folder of nbgrader source notebooks (<a>/<a>.ipynb): their answers set the time budgets."
+    ).tag(config=True)
+    protected = List(Unicode(), help="Folders that submissions may not read while graded.").tag(config=True)
 
     def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         info = resources["nbgrader"]
@@ -47,10 +53,8 @@ class TrustedExecute(NbGraderPreprocessor):
             source = solution_source(nb, known.solution_ids)
             result = self._computed(info["student"], known.assignment, source)
             if result is None:
-                from distlab.grading.runner import grade_submission  # imports torch
-
                 self.log.info("Grading %s in fresh rank processes", info["student"])
-                result = grade_submission(known.load(), source, self.part_timeout)
+                result = self._session().grade(known.assignment, source)
         parts = result.by_grade_id() if result else {}
         count = 0
         for cell in nb.cells:
@@ -72,6 +76,14 @@ class TrustedExecute(NbGraderPreprocessor):
             else:
                 cell.outputs = [_error("PartFailed", part.message)]
         return nb, resources
+
+    def _session(self) -> Any:
+        from distlab.grading.session import GradingSession  # imports torch
+
+        key = (self.part_timeout, self.reference_dir, tuple(self.protected))
+        if key not in _SESSIONS:  # one per process: the reference is timed once, not per submission
+            _SESSIONS[key] = GradingSession(self.part_timeout, self.reference_dir, self.protected)
+        return _SESSIONS[key]
 
     def _computed(self, student: str, assignment: str, source: str) -> SubmissionResult | None:
         """A result from the parallel pass, if there is one for exactly this source."""

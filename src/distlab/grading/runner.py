@@ -5,7 +5,8 @@ never runs student code), so a submission that patched torch in one part cannot 
 Rank results are unpickled with an unpickler that refuses every class: the ranks send only
 plain data (see ``harness.tensor_record``), and a submission that tries to smuggle an object
 back gets an error, not code execution here. A hang ends at the part's deadline; the part scores
-zero and the remaining parts are graded normally.
+zero and the remaining parts are graded normally. How long a part may run comes from the
+instructor's reference answer, timed on the same machine (``Budgets``, ``calibrate``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import io
 import pickle
 import re
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from distlab.errors import PoolDied, RankError, RankTimeout
+from distlab.errors import PoolDied, RankError, RankTimeout, ReferenceFailed
+from distlab.grading import compare
 from distlab.grading.harness import CASE_MARK, SUBMISSION_FILE
 from distlab.grading.spec import (
     DEFAULT_PART_TIMEOUT,
@@ -90,7 +93,22 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
         records = [plain_loads(dones[r].value) for r in sorted(dones)]
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
         return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})", True
-    return exercise.judge(part, batch, records), True
+    return _forbidden(exercise, batch, records) or exercise.judge(part, batch, records), True
+
+
+def _forbidden(exercise: Exercise, batch: Batch, records: list[Any]) -> str | None:
+    """Feedback for the first case in which a rank used communication the exercise does not allow."""
+    if exercise.communication is None:
+        return None
+    for index, case in enumerate(batch.cases):
+        for rank in range(batch.world_size):
+            record = compare.record(records, rank, index)
+            problem = exercise.communication(record) if record is not None else None
+            if problem:
+                describe = getattr(case, "describe", None)
+                where = describe(batch.world_size) if describe else f"world_size={batch.world_size}"
+                return f"{where}: rank {rank} {problem}"
+    return None
 
 
 def _got_past_loading(failures: list[RankFailure]) -> bool:
@@ -111,12 +129,68 @@ def _grade_part(exercise: Exercise, submission: Submission, part: Part,
     for batch in part.batches:
         left = deadline - time.monotonic()
         if left <= 0:
-            return PartResult(part.name, False, f"not run: the part's {budget:g} s budget was used up",
+            return PartResult(part.name, False, f"not run: the part's {budget:.3g} s budget was used up",
                               time.monotonic() - started, cases), True
         message, reached = _run_batch(exercise, submission, part, batch, left)
         if message:
             return PartResult(part.name, False, _cut(message), time.monotonic() - started, cases), reached
     return PartResult(part.name, True, "", time.monotonic() - started, cases), True
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How long each part of one submission may run.
+
+    A part may take what the reference took on this machine, times ``SLACK`` (at least
+    ``MIN_EXPECTED``), plus whatever is left of one ``grace`` shared by the whole submission. A
+    submission that hangs everywhere therefore costs about one grace plus a few times the honest
+    grading time, not one long timeout per part, and each part still gets its own verdict. A
+    slow but honest answer spends a little of the grace on each part and still passes.
+    """
+
+    expected: dict[str, float]
+    grace: float
+    cap: float = DEFAULT_PART_TIMEOUT  # no part ever runs longer than this
+
+    SLACK: ClassVar[float] = 3.0
+    MIN_EXPECTED: ClassVar[float] = 0.5
+    GRACE_FACTOR: ClassVar[float] = 10.0
+    MIN_GRACE: ClassVar[float] = 4.0
+
+    @classmethod
+    def uniform(cls, part_timeout: float) -> Budgets:
+        """No reference to go by: every part gets ``part_timeout`` (the in-kernel checks)."""
+        return cls({}, 0.0, part_timeout)
+
+    @classmethod
+    def from_reference(cls, reference: SubmissionResult, cap: float) -> Budgets:
+        times = {p.part: p.seconds for p in reference.parts}
+        expected = {name: max(cls.MIN_EXPECTED, cls.SLACK * t) for name, t in times.items()}
+        grace = max(cls.MIN_GRACE, cls.GRACE_FACTOR * max(times.values(), default=0.0))
+        return cls(expected, min(grace, cap), cap)
+
+    def for_part(self, name: str, grace_left: float) -> float:
+        if name not in self.expected:
+            return self.cap
+        return min(self.cap, self.expected[name] + grace_left)
+
+    def describe(self) -> str:
+        if not self.expected:
+            return f"{self.cap:g} s per part"
+        low, high = min(self.expected.values()), max(self.expected.values())
+        return f"{low:.1f}-{high:.1f} s per part plus {self.grace:.1f} s of grace per submission"
+
+
+def calibrate(exercise: Exercise, reference_source: str, cap: float = DEFAULT_PART_TIMEOUT) -> Budgets:
+    """Grade the instructor's reference answer (on this machine, under this load) to set budgets.
+
+    Raises ReferenceFailed when the reference itself fails a part: then no grade would be fair.
+    """
+    reference = grade_submission(exercise, reference_source, Budgets.uniform(cap))
+    for part in reference.parts:
+        if not part.passed:
+            raise ReferenceFailed.on_part(exercise.assignment, part.part, part.message)
+    return Budgets.from_reference(reference, cap)
 
 
 def warm_up() -> None:
@@ -132,21 +206,29 @@ def _nothing() -> None:
     return None
 
 
-def grade_submission(exercise: Exercise, source: str, part_timeout: float = DEFAULT_PART_TIMEOUT,
-                     parts: Iterable[str] | None = None) -> SubmissionResult:
-    """Grade the source of the student's answer cells, part by part, each on fresh ranks."""
+def grade_submission(exercise: Exercise, source: str, budgets: Budgets | float = DEFAULT_PART_TIMEOUT,
+                     parts: Iterable[str] | None = None, protected: Sequence[str] = ()) -> SubmissionResult:
+    """Grade the source of the student's answer cells, part by part, each batch on fresh ranks.
+
+    ``protected``: directories the submission may not read (the instructor's; see ``sandbox``).
+    """
     warm_up()
+    if not isinstance(budgets, Budgets):
+        budgets = Budgets.uniform(float(budgets))
     started = time.monotonic()
-    submission = Submission(exercise.function, exercise.setup_source, source)
+    submission = Submission(exercise.function, exercise.setup_source, source, protected=tuple(protected))
     chosen = [exercise.part(p) for p in parts] if parts is not None else list(exercise.parts)
     result = SubmissionResult(exercise.assignment, source_digest(source))
     broken: str | None = None
+    grace = budgets.grace
     for part in chosen:
         if broken is not None:
             # the submission failed before any case could run: it would again, in every part
             result.parts.append(PartResult(part.name, False, broken, 0.0, 0))
             continue
-        outcome, reached = _grade_part(exercise, submission, part, part_timeout)
+        outcome, reached = _grade_part(exercise, submission, part, budgets.for_part(part.name, grace))
+        if part.name in budgets.expected:
+            grace = max(0.0, grace - max(0.0, outcome.seconds - budgets.expected[part.name]))
         result.parts.append(outcome)
         if not reached:
             broken = outcome.message

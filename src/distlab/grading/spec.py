@@ -51,6 +51,8 @@ class Part:
 RankMain = Callable[[Any, tuple[Any, ...]], list[dict[str, Any]]]
 # trusted side: judge(part, batch, per_rank_records) -> None when correct, else the feedback text
 Judge = Callable[[Part, Batch, list[Any]], "str | None"]
+# trusted side: one rank's record of one case -> None when its communication is allowed, else why not
+CommRule = Callable[[dict[str, Any]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class Exercise:
     parts: tuple[Part, ...]
     rank_main: RankMain
     judge: Judge
+    # checked on every case of every part before the judge: an exercise that asks to build a
+    # collective gives no part to a submission that calls it (or any other forbidden one)
+    communication: CommRule | None = None
 
     def part(self, name: str) -> Part:
         for part in self.parts:
@@ -79,6 +84,7 @@ class Submission:
     setup_source: str = ""
     source: str | None = None
     fn: Callable[..., Any] | None = None
+    protected: tuple[str, ...] = ()  # directories the graded source may not read (see sandbox)
 
 
 @dataclass

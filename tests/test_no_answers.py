@@ -1,0 +1,130 @@
+"""No graded answer ships to students, and grading ranks cannot reach the instructor's.
+
+- The wheel students install (``pip install`` of the project; ``make lab`` installs the same
+  tree) holds no function that any exercise asks for: not by name, not renamed (the body of
+  every reference answer in solutions/ is compared with every function in the wheel).
+- A submission that imports the reference code or reads the solution notebook earns nothing,
+  and its feedback says why; the same submission without the protection would earn full marks.
+- The ring the notebooks replay is a committed recording that still matches the reference.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from distlab.grading.catalog import ENTRIES
+from distlab.grading.extract import solution_source
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPO / "solutions"
+
+
+def _function_bodies(tree: ast.AST) -> dict[str, str]:
+    """name -> normalised dump of the body (no docstring), for every function in ``tree``."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+                body = body[1:]  # a docstring does not make a different answer
+            found[node.name] = ast.dump(ast.Module(body=body, type_ignores=[]), annotate_fields=False)
+    return found
+
+
+def _reference_bodies() -> dict[str, str]:
+    """The graded function of each exercise, from its nbgrader source (the instructor's answer)."""
+    bodies = {}
+    for known in ENTRIES:
+        nb = json.loads((SOLUTIONS / known.assignment / f"{known.assignment}.ipynb").read_text())
+        source = solution_source(nb, known.solution_ids)
+        bodies[known.function] = _function_bodies(ast.parse(source))[known.function]
+    return bodies
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(REPO)], check=True, capture_output=True, text=True)
+    (built,) = out.glob("distlab-*.whl")
+    return built
+
+
+def test_the_wheel_holds_no_graded_function(wheel: Path) -> None:
+    references = _reference_bodies()
+    assert len(references) == len(ENTRIES) >= 6
+    names = set(references)
+    with zipfile.ZipFile(wheel) as archive:
+        files = archive.namelist()
+        assert {f.split("/", 1)[0] for f in files if not f.startswith("distlab-")} == {"distlab"}
+        modules = [f for f in files if f.endswith(".py")]
+        assert len(modules) > 20
+        for name in modules:
+            bodies = _function_bodies(ast.parse(archive.read(name)))
+            assert not names & set(bodies), f"{name} defines {sorted(names & set(bodies))}"
+            for function, body in references.items():
+                copies = [own for own, other in bodies.items() if other == body]
+                assert not copies, f"{name}: {copies} is the reference answer to {function}, renamed"
+
+
+def test_the_check_would_see_an_answer_in_the_package() -> None:
+    """The two checks above can fail: a graded function, as the old package had it, is found."""
+    references = _reference_bodies()
+    planted = (SOLUTIONS / "ex2_ring_all_reduce" / "ex2_ring_all_reduce.ipynb").read_text()
+    source = solution_source(json.loads(planted), ("ring_all_reduce",)).replace("def ring_all_reduce", "def helper")
+    bodies = _function_bodies(ast.parse(source))
+    assert bodies["helper"] == references["ring_all_reduce"]
+
+
+def _grade(source: str, protected: tuple[str, ...]) -> list[tuple[str, bool, str]]:
+    from distlab.grading.session import GradingSession
+
+    session = GradingSession(20.0, "", protected)
+    result = session.grade("ex1_all_reduce_rs_ag", source)
+    return [(p.part, p.passed, p.message) for p in result.parts]
+
+
+READ_SOLUTION = f'''import json
+
+with open({str(SOLUTIONS / "ex1_all_reduce_rs_ag" / "ex1_all_reduce_rs_ag.ipynb")!r}) as handle:
+    cells = json.load(handle)["cells"]
+exec("".join(next(c["source"] for c in cells if c.get("id") == "all_reduce_rs_ag")))
+'''
+
+
+@pytest.mark.slow
+def test_grading_ranks_cannot_read_the_solutions() -> None:
+    unprotected = _grade(READ_SOLUTION, ())
+    assert all(passed for _, passed, _ in unprotected), unprotected  # the attack works without the guard
+    protected = _grade(READ_SOLUTION, (str(SOLUTIONS), str(REPO / "grader")))
+    assert not any(passed for _, passed, _ in protected)
+    assert "read the instructor's files" in protected[0][2]
+
+
+@pytest.mark.slow
+def test_grading_ranks_cannot_import_the_reference_or_run_programs() -> None:
+    imported = _grade("from grader.reference import all_reduce_rs_ag\n", ())
+    assert not any(passed for _, passed, _ in imported)
+    assert "import the instructor's reference code (grader.reference)" in imported[0][2]
+    shelled = _grade("import subprocess\nsubprocess.run(['true'])\n", ())
+    assert "start other programs" in shelled[0][2]
+
+
+@pytest.mark.slow
+def test_the_committed_ring_recording_matches_the_reference() -> None:
+    from distlab.replay import recording, ring_frames
+    from grader import record
+
+    fresh = ring_frames(record.record_ring())
+    committed = ring_frames(recording(f"ring_all_reduce_{record.RING_WORLD}ranks"))
+    assert [(f.label, f.buffers, f.messages, f.sent, f.received) for f in committed] == \
+        [(f.label, f.buffers, f.messages, f.sent, f.received) for f in fresh]
+    total = sum(float(k + 10 * r) for r in range(record.RING_WORLD) for k in range(1))
+    assert committed[-1].buffers[0][0] == total
