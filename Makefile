@@ -1,4 +1,4 @@
-# Two commands: `make lab` opens the course, `make test` runs every test.
+# Two commands: `make lab` opens the course, `make test` runs every test (`make check`: the fast part).
 # Both create .venv on first use. Override TORCH to pick another build, e.g. `make lab TORCH=torch`.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,7 +9,7 @@ LAB_PORT  ?= 8888
 LAB_FLAGS ?=
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test lint setup clean
+.PHONY: lab test check lint setup clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider
+
+# While you work: lint, types and the fast tests (no browser, no notebook or nbgrader runs end to end).
+check: $(STAMP) lint
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not browser and not gpu" \
+	  --ignore=tests/browser
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -53,7 +53,7 @@ finally:
     sys.path.pop(0)
 # assignment -> (file-name mark, parts, pins, max score), for the exercises graded from one inbox
 INBOX = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
-         SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 6), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8),
+         SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 8), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8),
          ZERO: (6, ZERO_PARTS, ZERO_PINNED, 8)}
 
 
@@ -126,14 +126,38 @@ def test_every_submission_is_graded(graded: dict[str, Any]) -> None:
     assert f"graded {inbox} of {inbox} submissions" in graded["stdout"]
 
 
+def _trusted(graded: dict[str, Any], student: str) -> dict[str, Any]:
+    return json.loads((graded["course"] / "trusted" / student / f"{ASSIGNMENT}.json").read_text())
+
+
 def test_a_deadlock_costs_only_its_parts_budget(graded: dict[str, Any]) -> None:
-    result = json.loads((graded["course"] / "trusted" / "deadlock" / f"{ASSIGNMENT}.json").read_text())
+    result = _trusted(graded, "deadlock")
     hung = {p["part"]: p for p in result["parts"] if not p["passed"]}
     assert sorted(hung) == ["indivisible", "shapes"]
     for part in hung.values():
         assert "did not finish" in part["message"]
         assert "stuck at line" in part["message"]
         assert part["seconds"] < PART_TIMEOUT + 10
+
+
+def test_a_submission_that_hangs_everywhere_pays_about_one_timeout(graded: dict[str, Any]) -> None:
+    """Seven parts hang; each has its own verdict, and together they cost less than one part-timeout
+    (each part's budget comes from the reference's time, plus one grace shared by the submission)."""
+    looping = _trusted(graded, "infinite_loop")
+    honest = _trusted(graded, "solution")
+    assert [p["passed"] for p in looping["parts"]] == [False] * len(PARTS)
+    assert all("did not finish" in p["message"] for p in looping["parts"])
+    assert looping["seconds"] < honest["seconds"] + PART_TIMEOUT, (looping["seconds"], honest["seconds"])
+
+
+def test_autograde_shows_progress_and_a_summary(graded: dict[str, Any]) -> None:
+    lines = graded["stdout"].splitlines()
+    progress = [line for line in lines if line.startswith("[")]
+    assert len(progress) == len(PINNED) + sum(len(pins) for _, _, pins, _ in INBOX.values())
+    first = next(line for line in progress if " solution " in line and ASSIGNMENT in line)
+    assert "10/10" in first and first.rstrip().endswith(" s")
+    assert any(line.startswith("slowest: ") for line in lines)
+    assert "failed to grade: none" in graded["stdout"]
 
 
 def test_feedback_says_why_without_revealing_hidden_tests(graded: dict[str, Any]) -> None:
@@ -219,7 +243,17 @@ def test_the_solution_passes_every_visible_and_hidden_test_in_a_kernel(assignmen
     assert _validate(REPO / "solutions" / assignment / f"{assignment}.ipynb") == {}
 
 
-def test_the_untouched_exercise_fails_in_a_kernel() -> None:
-    failed = _validate(FIXTURES / ASSIGNMENT / "untouched.ipynb")["failed"]
-    assert len(failed) >= len(PARTS)
-    assert all("NotImplementedError" in cell["raw_error"] for cell in failed)
+@pytest.mark.parametrize("assignment", [ASSIGNMENT, RING, TREE, SHUFFLE, BUCKETS, ZERO])
+def test_every_visible_check_fails_on_the_starter_code(assignment: str) -> None:
+    """With the solution (test above) every visible check passes; with the starter, each one fails."""
+    from distlab.grading.catalog import entry
+
+    untouched = FIXTURES / assignment / "untouched.ipynb"
+    failed = {cell["source"].strip(): cell["raw_error"] for cell in _validate(untouched)["failed"]}
+    nb = nbformat.read(untouched, as_version=4)
+    checks = {c.metadata["nbgrader"]["grade_id"]: c.source.strip() for c in nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade")}
+    assert sorted(checks) == sorted(f"test_{part}" for part in entry(assignment).parts)
+    for grade_id, source in checks.items():
+        assert source in failed, f"{grade_id} passes on the starter code"
+        assert "NotImplementedError" in failed[source], (grade_id, failed[source])

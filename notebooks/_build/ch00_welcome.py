@@ -173,7 +173,8 @@ CELLS = [
         """
         The other ranks finished normally; the cell still failed, because one failing rank fails
         the team. Had the healthy ranks been waiting for rank 2 in a collective, they would have
-        waited forever. `%%dist` does not let them: it stops such a cell shortly after the first
+        waited until the process group's timeout (30 minutes for gloo: notebook 02 shows where
+        torch keeps it). `%%dist` does not let them: it stops such a cell shortly after the first
         failure, or at its deadline (`--timeout`, in seconds), shows where each rank was stuck,
         and restarts the ranks. Notebook 02 shows a cell that hangs.
 

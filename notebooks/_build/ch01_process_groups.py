@@ -280,7 +280,7 @@ CELLS = [
 
         - **Every rank creates every group.** The torch documentation requires all processes of
           the job to enter `new_group`, even those not in the new group. Called only on ranks 0
-          and 2, it can wait forever for the others.
+          and 2, it waits for the others until the process group's timeout.
         - **Fixed ports collide.** Port 29500 is the usual default; a second job or a leftover
           process on the same machine then fails with "address already in use". Use a free port,
           or `file://`. (Our `free_port()` has a small race: another program could take the port

@@ -23,7 +23,7 @@ CELLS = [
         1. move a tensor from one rank to another with `dist.send` and `dist.recv`;
         2. start transfers without waiting with `dist.isend` / `dist.irecv`, and finish them with
            the returned work handle's `wait()`;
-        3. explain why two ranks that both `recv` first wait forever, and fix it two ways;
+        3. explain why two ranks that both `recv` first deadlock, and fix it two ways;
         4. send and receive in one call with `dist.batch_isend_irecv`;
         5. pass a token around a ring of ranks.
         """
@@ -106,9 +106,11 @@ CELLS = [
         happens?
         """,
         """
-        Nothing, forever. Each rank sits in `recv` waiting for the other to talk, and neither gets
-        to its `send`. That is a **deadlock**. The cell below gives it a 3-second deadline; the
-        magic then stops it, shows you where each rank was stuck, and restarts the ranks.
+        Nothing, until a timeout. Each rank sits in `recv` waiting for the other to talk, and
+        neither gets to its `send`. That is a **deadlock**. The process group would end it only
+        after its own timeout (the cell after next prints it: 30 minutes for gloo). The cell
+        below gives it a 3-second deadline; the magic then stops it, shows you where each rank
+        was stuck, and restarts the ranks.
         """,
     ),
     md(
@@ -127,6 +129,24 @@ CELLS = [
         """,
         options="-n 2 --timeout 3",
         tags=["raises-exception"],
+    ),
+    md(
+        """
+        Without `--timeout`, how long would they have waited? Not forever: every process group
+        has a timeout, after which the waiting call raises. torch keeps the defaults in
+        `torch.distributed.constants`; read them from the torch you have rather than trusting a
+        number in a text. `%%dist` uses its own, shorter deadline (60 s unless `--timeout`), so a
+        stuck cell ends long before.
+        """
+    ),
+    code(
+        """
+        from torch.distributed import constants
+
+        print("gloo process groups time out after", constants.default_pg_timeout)
+        nccl = getattr(constants, "default_pg_nccl_timeout", None)
+        print("NCCL process groups:", nccl if nccl is not None else "(not set in this CPU build of torch)")
+        """
     ),
     md(
         """
@@ -238,7 +258,7 @@ CELLS = [
         - **Shape and dtype must match.** `recv` writes into your buffer; allocate it with the
           sender's shape and dtype.
         - **Every send needs exactly one matching receive.** An unmatched `send` or `recv` waits
-          forever (until a deadline).
+          until the process group's timeout (30 minutes for gloo), or until `%%dist` stops it.
         - **Touching buffers before `wait()`.** After `isend`, do not change the tensor; after
           `irecv`, do not read it, until `wait()` returns.
         - **Losing the work handle.** Keep the handle and call `wait()`; a program that never

@@ -160,8 +160,8 @@ CELLS = [
         """
         ## Pitfalls
 
-        - **Everyone must call it.** A broadcast called only on rank 0 waits forever for the
-          others (until the cell's deadline).
+        - **Everyone must call it.** A broadcast called only on rank 0 waits for the others until
+          the process group's timeout (or the cell's deadline, which comes first).
         - **Same `src` on every rank.** Two ranks that disagree about the captain never meet.
         - **Same shape and dtype.** The receiving buffer must match the source tensor; allocate
           it first. If only rank 0 knows the shape, broadcast the shape first (a small tensor),

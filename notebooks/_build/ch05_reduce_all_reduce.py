@@ -182,6 +182,17 @@ CELLS = [
     ),
     md(
         """
+        **What `wait()` means depends on the backend.** With gloo (here), `work.wait()` blocks the
+        Python thread until the data has arrived: after it, the tensor is final. With NCCL the
+        collective runs on a CUDA stream, and `work.wait()` only makes the *current stream* wait
+        for it: the host returns at once, and later GPU work on that stream is ordered after the
+        collective. That is enough for the next kernel, but not for the host: to read the result
+        on the CPU (`.item()`, `.tolist()`, printing), or to read a clock for a timing, call
+        `torch.cuda.synchronize()` first (or use CUDA events). Notebook 11 times NCCL that way.
+        """
+    ),
+    md(
+        """
         ## Pitfalls
 
         - **Reading `reduce`'s result on the wrong rank.** Only `dst` has it. Use `all_reduce`
@@ -193,6 +204,8 @@ CELLS = [
           wrong number (the local batch size, or a subgroup's size) is a common bug.
         - **Same shape and dtype on every rank**, and every rank must call it.
         - **Reading before `wait()`** with `async_op=True` reads unfinished data.
+        - **Timing NCCL without synchronising.** On GPUs `wait()` does not block the host: read
+          the clock only after `torch.cuda.synchronize()`.
         """
     ),
     md(

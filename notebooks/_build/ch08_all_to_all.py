@@ -139,8 +139,19 @@ CELLS = [
         With long sequences, each rank holds a slice of the sequence: 2 of 8 positions, all 4
         attention heads. Attention needs the *whole* sequence, but each head is independent. So
         before attention, an all_to_all swaps the sharding: afterwards each rank holds **all 8
-        positions for one head**. After attention a second all_to_all swaps back. (This is the
-        scheme of DeepSpeed-Ulysses.)
+        positions for one head**. After attention a second all_to_all swaps back. This is the
+        scheme of DeepSpeed-Ulysses (Jacobs et al., 2023).
+
+        It is one of three kinds of sequence parallelism, and each uses a different primitive:
+
+        - **Ulysses** (above): all_to_all, sequence-sharded to head-sharded and back.
+        - **Megatron-LM sequence parallelism** (Korthikanti et al., 2022) works beside tensor
+          parallelism: the layer norms and dropout run on sequence shards, an **all_gather**
+          rebuilds the full sequence before a tensor-parallel block, and a **reduce_scatter**
+          (instead of tensor parallelism's all_reduce) returns to sequence shards after it.
+        - **Ring attention** (Liu et al., 2023) keeps the sequence sharded during attention: the
+          key and value blocks travel around a ring of ranks with **send/recv**, each rank
+          attending to one block per step while the next one is in flight.
         """
     ),
     dist(

@@ -189,12 +189,18 @@ CELLS = [
 
         `T_ring = 2(n - 1) * alpha + 2(n - 1)/n * N * beta`
 
-        A binary **tree** (reduce up the tree, broadcast down, each step sending the whole
-        buffer, no pipelining) takes `2 * log2(n)` steps:
+        A **binomial tree** (the tree of exercise 3) does a reduce in `ceil(log2 n)` rounds: in
+        each round, half of the ranks that still hold a partial sum send it to a partner, who
+        adds it. The same tree run backwards is a broadcast, another `ceil(log2 n)` rounds. Each
+        round sends the whole buffer (no pipelining), so:
 
-        `T_tree = 2 * log2(n) * (alpha + N * beta)`
+        `T_tree = 2 * ceil(log2 n) * (alpha + N * beta)`
 
-        For small messages `alpha` dominates, and `log2(n)` steps beat `n - 1` steps: the tree
+        (A *binary* tree, where every parent has two children, is a different tree: a parent
+        receives from its two children one after the other, so each level costs two steps.
+        This notebook's formula and picture are for the binomial tree.)
+
+        For small messages `alpha` dominates, and `log2(n)` rounds beat `n - 1` steps: the tree
         wins. For large messages `beta` dominates, and the ring's `~2N` beats the tree's
         `2 log2(n) * N`. Real libraries pick per size; NCCL has had both a ring and a
         (pipelined, double binary) tree algorithm since version 2.4 (NVIDIA's blog post
@@ -220,8 +226,8 @@ CELLS = [
         sizes = np.logspace(2, 9, 50)  # 100 B .. 1 GB
 
 
-        def tree_time(m, n, nbytes):
-            return 2 * math.log2(n) * (m.alpha + m.beta * nbytes)
+        def tree_time(m, n, nbytes):  # binomial tree: reduce, then broadcast, whole buffer each round
+            return 2 * math.ceil(math.log2(n)) * (m.alpha + m.beta * nbytes)
 
 
         ring = np.array([ring_all_reduce_time(model, n, s) for s in sizes])
@@ -247,8 +253,8 @@ CELLS = [
         or a flag), and by roughly how much?
         """,
         """
-        The tree. Both are latency-bound: the ring takes `2 * 63 = 126` steps, the tree
-        `2 * log2(64) = 12`. So the tree is about 10 times faster, `126 * 5 us = 630 us` against
+        The tree. Both are latency-bound: the ring takes `2 * 63 = 126` steps, the binomial tree
+        `2 * ceil(log2 64) = 12` rounds. So the tree is about 10 times faster, `126 * 5 us = 630 us` against
         `12 * 5 us = 60 us`.
         """,
     ),
@@ -291,9 +297,13 @@ CELLS = [
         buf = torch.ones(1 << 18, device=device)  # 262144 float32 = 1 MiB
         dist.all_reduce(buf)  # warm up
         dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # NCCL runs on a stream: finish before reading the clock
         t0 = time.perf_counter()
         for _ in range(5):
             dist.all_reduce(buf)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         seconds = (time.perf_counter() - t0) / 5
         """
     ),
@@ -302,7 +312,7 @@ CELLS = [
         from distlab.costmodel import algbw, busbw
 
         per_rank = %dist_pull seconds
-        seconds = max(per_rank)  # the slowest rank decides, as in nccl-tests
+        seconds = max(per_rank)  # the slowest rank decides (nccl-tests averages ranks unless -a 3)
         S = (1 << 18) * 4
         print(f"S = {S} bytes, t = {seconds * 1e3:.2f} ms, "
               f"algbw = {algbw(S, seconds):.3f} GB/s, busbw = {busbw('all_reduce', 4, S, seconds):.3f} GB/s")

@@ -189,8 +189,30 @@ CELLS = [
         Why buckets? One all_reduce per parameter tensor pays the latency (`alpha`, notebook 09)
         once per tensor; one all_reduce of everything must wait until the whole backward is
         done. Buckets are the compromise: a few medium messages, and the first can start while
-        the backward pass is still computing the earlier layers. The default cap is 25 MiB.
+        the backward pass is still computing the earlier layers. DDP fills them in **reverse**
+        parameter order (the order backward produces gradients). With the default settings the
+        first bucket is small, 1 MiB, so that communication starts early; the others hold up to
+        `bucket_cap_mb`, 25 MiB by default. (With `bucket_cap_mb` set, as above, every bucket
+        uses it.) The next cell reads these numbers from the torch you have.
 
+        """
+    ),
+    code(
+        """
+        import inspect
+
+        import torch.distributed as tdist
+        from torch.nn.parallel import distributed as ddp_module
+
+        first = getattr(tdist, "_DEFAULT_FIRST_BUCKET_BYTES", None)  # private names: may move
+        cap = getattr(ddp_module, "_DEFAULT_BUCKET_CAP_MB", None)
+        if cap is None:
+            cap = inspect.signature(ddp_module.DistributedDataParallel).parameters["bucket_cap_mb"].default
+        print(f"first bucket: {first} bytes; later buckets: bucket_cap_mb = {cap} (MiB)")
+        """
+    ),
+    md(
+        """
         ### Overlapping communication with the backward pass
 
         Gradients become ready **last layer first**. DDP starts a bucket's all_reduce as soon as

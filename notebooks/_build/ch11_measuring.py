@@ -37,9 +37,13 @@ CELLS = [
         weight: **bandwidth** (1/beta). One stopwatch reading per size, from 4 KiB to 4 MiB,
         shows both regimes; fitting `t = alpha + beta * bytes` separates them.
 
-        The rules of a fair race, as nccl-tests runs it: warm up first (the first call sets up
-        connections), start everyone together (a barrier), repeat the call many times, and report
-        the **slowest** rank, because a collective is done only when everyone is done.
+        The rules of a fair race: warm up first (the first call sets up connections), start
+        everyone together (a barrier), repeat the call many times, and report the **slowest**
+        rank, because a collective is done only when everyone is done. (nccl-tests, the
+        reference benchmark, warms up and repeats the same way, but by default it reports the
+        *average* over ranks; its option `-a 3` reports the maximum, which is what this kit
+        reports. On a quiet GPU cluster the two are close; on 4 ranks sharing 2 CPU cores they
+        are not.)
 
         The benchmark all-reduces a buffer of ones, over and over. Here is one call, to see what
         it does to the buffers:
@@ -84,6 +88,8 @@ CELLS = [
             other = 1 - rank
             for i in range(trips + 10):  # the first 10 are warm-up
                 if i == 10:
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()  # NCCL works on a stream: let it finish first
                     t0 = time.perf_counter()
                 if rank == 0:
                     dist.send(ping, other)
@@ -91,6 +97,8 @@ CELLS = [
                 else:
                     dist.recv(ping, other)
                     dist.send(ping, other)
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # before reading the clock
             one_way_us = (time.perf_counter() - t0) / trips / 2 * 1e6
         if rank == 0:
             print(f"one-way latency of a 4-byte message: {one_way_us:.1f} us")

@@ -7,7 +7,9 @@
     distlab.bench.plot_bandwidth(rows); distlab.bench.plot_fit(rows)
 
 Each size is warmed up, the ranks meet at a barrier, then each rank times ``iters`` calls;
-the reported time is the slowest rank's time per call (as nccl-tests reports it). algbw is
+the reported time is the slowest rank's time per call, because a collective is done only when
+every rank is (nccl-tests averages over ranks by default and reports the maximum with
+``-a 3``). algbw is
 size / time; busbw rescales it by the nccl-tests factor (``distlab.costmodel``). A user
 function (``--fn`` / ``fns``) takes one tensor and all-reduces it in place, so it is
 measured and scaled like ``all_reduce``.
@@ -86,18 +88,30 @@ def _rank_sweep(jobs: list[tuple[str, Any]], sizes: list[int], dtype_name: str, 
 
     dtype = getattr(torch, dtype_name)
     n, elem = dist.get_world_size(), torch.empty(0, dtype=dtype).element_size()
+    # NCCL moves GPU memory and runs on a CUDA stream: allocate there, and synchronise before
+    # each clock reading (work.wait() makes the stream wait, not the host)
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+
+    def settle() -> None:
+        if on_gpu:
+            torch.cuda.synchronize(device)
+
     rows = []
     for label, fn in jobs:
         for size in sizes:
             count = max(size // elem // n, 1) * n  # divisible by n for the sharded ops
-            call = _make_call(label, fn, torch.ones(count, dtype=dtype))
+            call = _make_call(label, fn, torch.ones(count, dtype=dtype, device=device))
             k = _iters_for(size, iters, min_iters)
             for _ in range(warmup):
                 call()
+            settle()
             dist.barrier()
+            settle()
             start = time.perf_counter()
             for _ in range(k):
                 call()
+            settle()
             seconds = (time.perf_counter() - start) / k
             rows.append({"op": label, "world_size": n, "size": count * elem, "count": count,
                          "type": dtype_name, "iters": k, "time_us": seconds * 1e6})

@@ -37,7 +37,7 @@ ENTRIES = (
     Entry("ex3", "ex3_tree_broadcast", "distlab.grading.ex3_tree_broadcast", "tree_broadcast",
           ("from_zero", "any_source", "any_world_size", "rounds")),
     Entry("ex4", "ex4_all_to_all", "distlab.grading.ex4_all_to_all", "all_to_all_p2p",
-          ("equal_chunks", "uneven_chunks", "messages")),
+          ("equal_chunks", "uneven_chunks", "messages", "counts")),
     Entry("ex5", "ex5_bucketed_allreduce", "distlab.grading.ex5_bucketed_allreduce", "average_gradients",
           ("averages", "buckets", "frozen")),
     Entry("ex6", "ex6_zero1", "distlab.grading.ex6_zero1", "zero1_step", ("matches", "communication", "state")),

@@ -2,8 +2,9 @@
 
 The student writes ``all_to_all_p2p(output_list, input_list)``, like ``dist.all_to_all``: rank r
 sends ``input_list[j]`` to rank j and receives rank j's chunk for r into ``output_list[j]``. Chunks
-may differ in size from pair to pair (the sizes come from the caller). Only send/recv
-(isend/irecv, batch_isend_irecv): one message to each other rank, nothing to itself.
+may differ in size from pair to pair. Only send/recv (isend/irecv, batch_isend_irecv): one
+message to each other rank, nothing to itself. With ``output_list=None`` the sizes are unknown
+and the function learns them with a counts exchange first, then returns the list it received.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ class Case:
     sizes: tuple[tuple[int, ...], ...]
     row: tuple[int, ...] = ()
     dtype: str = "float32"
+    counts: bool = False  # called with output_list=None: the sizes must be exchanged first
 
     def describe(self, world_size: int) -> str:
         text = f"world_size={world_size}, sizes={[list(r) for r in self.sizes]}"
-        return text + (f", rows of shape {self.row}" if self.row else "") + f", {self.dtype}"
+        text += (f", rows of shape {self.row}" if self.row else "") + f", {self.dtype}"
+        return text + (", output_list=None (exchange the counts first)" if self.counts else "")
 
     def chunk(self, src: int, dst: int) -> torch.Tensor:
         """What rank ``src`` sends to rank ``dst``: deterministic, so the grader rebuilds it."""
@@ -70,7 +73,12 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
         # outputs start as noise, so a chunk that never arrives shows
         outputs = [torch.full_like(case.chunk(src, rank), -7) for src in range(world_size)]
         with watcher.watch() as log:
-            harness.call(fn, case.describe(world_size), outputs, inputs)
+            returned = harness.call(fn, case.describe(world_size), None if case.counts else outputs, inputs)
+        if case.counts:
+            if type(returned) not in (list, tuple):
+                records.append({"outputs": None, "returned": type(returned).__name__, **log})
+                continue
+            outputs = list(returned)
         records.append({"outputs": [harness.tensor_record(t) for t in outputs], **log})
     return records
 
@@ -104,6 +112,9 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
         for rank in range(ws):
             record = compare.record(records, rank, index)
             outputs = record.get("outputs") if record else None
+            if case.counts and record is not None and not isinstance(outputs, list):
+                return (f"{text}: rank {rank} returned {record.get('returned')}; with output_list=None, "
+                        f"return the list of the {ws} chunks received")
             if not isinstance(outputs, list) or len(outputs) != ws:
                 return f"{text}: rank {rank} sent back no result"
             for src in range(ws):
@@ -137,6 +148,10 @@ PARTS = (
         Batch.of(4, Case(_equal(4, 2)), Case(((1, 2, 3, 4), (2, 3, 4, 1), (3, 4, 1, 2), (4, 1, 2, 3)))),
         Batch.of(3, Case(((2, 1, 3), (1, 2, 2), (3, 3, 1)), row=(2,))),
     )),
+    Part("counts", "output_list=None: learn the sizes with a counts exchange, then receive", (
+        Batch.of(3, Case(UNEVEN_3, counts=True), Case(UNEVEN_3, row=(2,), dtype="int64", counts=True)),
+        Batch.of(4, Case(UNEVEN_4, dtype="float64", counts=True)),
+    )),
 )
 
 EXERCISE = Exercise(
@@ -153,18 +168,19 @@ EXERCISE = Exercise(
 
 
 def try_case(fn: Any, sizes: Any = ((1, 2), (3, 1)), row: tuple[int, ...] = (), dtype: str = "float32",
-             check_messages: bool = False, timeout: float = 30.0) -> None:
+             check_messages: bool = False, counts: bool = False, timeout: float = 30.0) -> None:
     """Run ``fn`` on ``len(sizes)`` fresh ranks; raise AssertionError with what went wrong.
 
     ``sizes[i][j]`` is how many rows rank i sends to rank j. ``check_messages=True`` also checks
-    one message per pair, each exactly its chunk. The grade is decided by the grader.
+    one message per pair, each exactly its chunk; ``counts=True`` calls ``fn(None, input_list)``,
+    which must learn the sizes itself. The grade is decided by the grader.
     """
     from distlab.grading import runner
 
     sizes = tuple(tuple(int(n) for n in r) for r in sizes)
     if dtype not in DTYPES or any(len(r) != len(sizes) for r in sizes):
         raise ValueError(f"sizes must be square and dtype one of {sorted(DTYPES)}")
-    batch = Batch(len(sizes), (Case(sizes, tuple(row), dtype),))
+    batch = Batch(len(sizes), (Case(sizes, tuple(row), dtype, counts),))
     part = Part("try_messages" if check_messages else "try", "one case", (batch,))
     message = runner.run_batch(EXERCISE, Submission(FUNCTION, fn=fn), part, batch, timeout)
     if message:
