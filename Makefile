@@ -1,22 +1,29 @@
 # Two commands: `make lab` opens the course, `make test` runs every test (`make check`: the fast part).
-# Both create .venv on first use. Override TORCH to pick another build, e.g. `make lab TORCH=torch`.
+# Both create .venv on first use. Override TORCH to pick another build, e.g. `make lab TORCH=torch`;
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU-only build (falls back to PyPI).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP  := $(VENV)/.distlab-installed
 LAB_PORT  ?= 8888
 LAB_FLAGS ?=
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test check lint setup clean
+.PHONY: lab test check figures lint setup clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	@$(PY) -c "import torch" 2>/dev/null || { \
+	  if [ -n "$(TORCH_INDEX)" ]; then \
+	    $(PY) -m pip install -q --index-url "$(TORCH_INDEX)" "$(TORCH)" \
+	      || { echo "$(TORCH_INDEX) could not be reached: installing $(TORCH) from the default index"; \
+	           $(PY) -m pip install -q "$(TORCH)"; }; \
+	  else $(PY) -m pip install -q "$(TORCH)"; fi; }
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $(STAMP)
 
@@ -39,6 +46,11 @@ test: $(STAMP) lint
 check: $(STAMP) lint
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not browser and not gpu" \
 	  --ignore=tests/browser
+
+# The pictures the notebooks show before any cell runs (notebooks/figures/*.svg), drawn from the
+# recorded runs in notebooks/figures/recorded.json; `make figures RECORD=1` runs the ranks again first.
+figures: $(STAMP)
+	$(PY) notebooks/_build/figures.py $(if $(RECORD),--record)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

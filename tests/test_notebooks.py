@@ -32,6 +32,7 @@ EXPECTED = [
     "09_composing",
     "10_training",
     "11_measuring",
+    "12_cost_at_scale",
 ]
 TEMPLATE = ["Learning goals", "The idea", "Predict, then run", "Pitfalls", "Self-check",
             "Summary", "Next"]

@@ -156,3 +156,27 @@ def test_snapshot_is_a_no_op_when_not_recording() -> None:
     with trace.recording() as calls:
         pass
     assert calls == []
+
+
+def test_static_frames_mark_what_each_rank_sent_and_received(ring4: Any) -> None:
+    from distlab.replay import render_frame
+
+    frames = ring_frames(ring4)
+    for k in range(1, len(frames)):
+        page = render_frame(frames, k)
+        marked = page.count("3px solid #4e79a7"), page.count("3px solid #f28e2b")
+        assert all(count >= 4 for count in marked), (k, marked)  # every rank sent and received a chunk
+
+
+def test_timeline_draws_each_ranks_own_work_beside_its_calls() -> None:
+    calls = [[{"op": "all_reduce", "t_start": 1.004, "t_end": 1.005, "t_wait": 1.012, "p2p": []}],
+             [{"op": "all_reduce", "t_start": 1.006, "t_end": 1.007, "t_wait": 1.012, "p2p": []}]]
+    work = [[{"label": f"layer {i}", "t_start": 1.0 + 0.003 * i, "t_end": 1.003 + 0.003 * i} for i in range(3)]
+            for _ in range(2)]
+    fig = viz.timeline_figure(calls, spans=work)
+    (ax,) = fig.axes
+    grey = [c for c in ax.collections if len(c.get_facecolor()) and tuple(c.get_facecolor()[0][:3]) == (0xbb / 255,) * 3]
+    assert len(grey) == 6  # three layers on each of two ranks
+    assert ax.get_xlim()[1] >= 12.0  # the axis spans from the first layer to the last wait (ms)
+    labels = {t.get_text() for t in ax.texts}
+    assert {"layer 0", "layer 1", "layer 2"} <= labels

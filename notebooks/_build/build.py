@@ -29,6 +29,7 @@ CHAPTERS = [
     "ch09_composing",
     "ch10_training",
     "ch11_measuring",
+    "ch12_cost_at_scale",
 ]
 
 

@@ -59,6 +59,8 @@ CELLS = [
         First load the extension, then start the team: `%dist_start -n 4` starts 4 rank
         processes and returns when all of them have joined. (Skip it and the first `%%dist` cell
         starts them for you.)
+
+        ![Four ranks' buffers before and after one all_reduce: each starts with its own number, all end with the sum](figures/00_all_reduce.svg)
         """
     ),
     setup(),

@@ -49,6 +49,8 @@ CELLS = [
         Two more numbers. `local_rank` is the rank *on this machine*: with 2 machines of 4 GPUs,
         global ranks 0 to 7 have local ranks 0 to 3 on each machine, and a rank uses GPU
         `cuda:{local_rank}`. Here everything runs on one machine, so `local_rank == rank`.
+
+        ![An all_reduce inside two process groups, ranks 0 and 2, ranks 1 and 3: each group sums only its own members](figures/01_groups.svg)
         """
     ),
     setup(),

@@ -40,6 +40,8 @@ CELLS = [
         a `send` returns after the matching `recv` has taken the data.
 
         Below, the even ranks talk and the odd ranks listen: 0 calls 1, 2 calls 3.
+
+        ![Four ranks on a ring: each sends its number to the right and receives the left neighbour's](figures/02_ring_pass.svg)
         """
     ),
     setup(),

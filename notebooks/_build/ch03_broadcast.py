@@ -36,6 +36,8 @@ CELLS = [
 
         `dist.broadcast(tensor, src)` does exactly that. On `src`, `tensor` is the message; on
         every other rank, `tensor` is the blank card that gets **overwritten in place**.
+
+        ![Broadcast from rank 0: before, only rank 0 holds 1 2 3 4; after, every rank does](figures/03_broadcast.svg)
         """
     ),
     setup(),

@@ -42,6 +42,8 @@ CELLS = [
           tensors; every rank (`src` too) receives its piece into `out`. Others pass `None`.
         - `dist.gather(t, gather_list, dst=0)`: every rank sends `t`; on `dst`, `gather_list` has
           `world_size` buffers that receive them in rank order. Others pass `None`.
+
+        ![Scatter from rank 0 gives each rank one slice of the table; gather brings the slices back to rank 0](figures/04_scatter_gather.svg)
         """
     ),
     setup(),

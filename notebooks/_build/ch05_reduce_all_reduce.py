@@ -41,6 +41,8 @@ CELLS = [
           followed by broadcast, but done in one step, usually faster (notebook 09 shows how).
 
         The sum is taken **element by element**: coffee with coffee, travel with travel.
+
+        ![Reduce puts the sum on rank 0 only; all_reduce puts it on every rank](figures/05_reduce.svg)
         """
     ),
     setup(),

@@ -37,6 +37,8 @@ CELLS = [
 
         Below, rank *r* holds `[10r, 10r + 1]`. After `all_gather` every rank holds all four
         pairs.
+
+        ![All_gather: each rank's piece ends up on every rank, in rank order](figures/06_all_gather.svg)
         """
     ),
     setup(),

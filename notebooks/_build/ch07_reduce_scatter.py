@@ -42,6 +42,8 @@ CELLS = [
 
         Afterwards accountant *i* holds one number: department *i*'s total. Put side by side, the
         four totals are the full sum, `10 * [1, 2, 3, 4]`, **scattered** across the ranks.
+
+        ![Reduce_scatter: every rank holds a full buffer; afterwards rank r holds the sum of slice r](figures/07_reduce_scatter.svg)
         """
     ),
     setup(),

@@ -40,6 +40,8 @@ CELLS = [
         Write the letters as a table: row *r* is rank *r*'s outbox, column *j* goes to rank *j*.
         `all_to_all` **transposes** the table. Below, the letter from *r* to *j* is the number
         `10r + j`.
+
+        ![All_to_all transposes the table: rank r's j-th entry goes to rank j](figures/08_all_to_all.svg)
         """
     ),
     setup(),

@@ -43,6 +43,8 @@ CELLS = [
         ever handles more than one page at a time.
 
         First the composition itself, with the library calls.
+
+        ![A recorded ring all_reduce on 4 ranks, step by step, with the chunk each rank sent and received marked](figures/09_ring.svg)
         """
     ),
     setup(),
@@ -120,16 +122,16 @@ CELLS = [
     ),
     md(
         """
-        The same frames, all at once:
+        The same frames, all at once, marked the same way (these stay in a saved notebook,
+        where the live stepper does not):
         """
     ),
     code(
         """
-        from distlab.replay import ring_frames
+        from distlab.replay import ring_frames, show_frames
 
         frames = ring_frames(traces)
-        for frame in frames:
-            show_buffers(frame.buffers, title=frame.label)
+        show_frames(frames)  # blue: the chunk a rank sent in that step; orange: what it received
         """
     ),
     md(

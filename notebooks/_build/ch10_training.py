@@ -45,6 +45,8 @@ CELLS = [
 
         We define the model, the data and the settings once in the kernel and push them to the
         ranks, so every rank and the kernel build the same thing.
+
+        ![Each rank's own gradient, then the same averaged gradient on every rank after all_reduce](figures/10_gradients.svg)
         """
     ),
     setup(),
@@ -252,6 +254,74 @@ CELLS = [
         gradients are still being computed. On GPUs, NCCL runs on its own CUDA stream and the
         overlap hides much of the communication time. On this CPU-only machine, computation and
         gloo share the same 2 cores, so do not expect a speed-up here: the point is the order.
+
+        ### Your own DDP step on a timeline
+
+        Now watch DDP do it. A deeper model (6 layers of 512 x 512, about 1 MiB of float32
+        weights each) in DDP with 2 MiB buckets: three buckets. Hooks on each layer record when
+        its backward starts and ends; `--trace` records DDP's all_reduce of each bucket (DDP
+        calls them from its communication hook). The first step builds the buckets; the traced
+        cell runs the second.
+        """
+    ),
+    dist(
+        """
+        import time
+
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        torch.manual_seed(0)
+        deep = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)]).to(device)
+        spans = []  # this rank's backward, one entry per layer
+
+
+        def started(module, grad_output):
+            module.backward_started = time.perf_counter()
+
+
+        def finished(module, grad_input, grad_output, index=0):
+            spans.append({"label": f"layer {index}", "t_start": module.backward_started,
+                          "t_end": time.perf_counter()})
+
+
+        for i, layer in enumerate(deep):
+            layer.register_full_backward_pre_hook(started)
+            layer.register_full_backward_hook(lambda m, gi, go, i=i: finished(m, gi, go, i))
+        ddp_deep = DDP(deep, bucket_cap_mb=2)
+        ddp_deep.register_comm_hook(None, allreduce_hook)  # DDP's default, from Python: traceable
+        batch = torch.randn(256, 512, device=device)
+        ddp_deep(batch).sum().backward()  # step 1: DDP rebuilds its buckets afterwards
+        spans.clear()
+        """
+    ),
+    dist(
+        """
+        ddp_deep(batch).sum().backward()  # step 2, traced
+        """,
+        options="-n 4 --trace",
+    ),
+    code(
+        """
+        import distlab
+        from distlab.viz import PNG, timeline_figure
+
+        spans = %dist_pull spans
+        step = distlab.last_trace()
+        display(PNG(timeline_figure(step, spans=spans,
+                                    title="one DDP step: each layer's backward (grey), bucket all_reduces")))
+        for rank, (work, calls) in enumerate(zip(spans, step)):
+            reduces = [c for c in calls if c["op"] == "all_reduce"]
+            backward_ends = max(s["t_end"] for s in work)
+            first = min(c["t_start"] for c in reduces)
+            print(f"rank {rank}: {len(reduces)} bucket all_reduces; the first started "
+                  f"{(backward_ends - first) * 1e3:.1f} ms before the backward pass ended")
+        """
+    ),
+    md(
+        """
+        Read the picture from the right: backward runs from layer 5 down to layer 0, and the
+        bucket holding the last layers is all-reduced while the first layers are still
+        computing. That overlap is what makes DDP's communication nearly free on GPUs.
 
         ### Sharding: ZeRO and FSDP
 

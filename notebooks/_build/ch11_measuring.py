@@ -47,6 +47,8 @@ CELLS = [
 
         The benchmark all-reduces a buffer of ones, over and over. Here is one call, to see what
         it does to the buffers:
+
+        ![The benchmark's buffer: ones on every rank become world_size after one all_reduce](figures/11_all_reduce_ones.svg)
         """
     ),
     setup(),
@@ -276,10 +278,10 @@ CELLS = [
 
         ## Next
 
-        That is the course. To practise, open the exercises (`exercises/`): each one asks you to
-        implement a primitive or an algorithm from these notebooks, and grades it on real
-        ranks. And go back to [00 · Welcome](00_welcome.ipynb) whenever you want to run
-        something on a fresh team.
+        [12 · Cost at scale](12_cost_at_scale.ipynb): from this machine's alpha and beta to a
+        10B-parameter model on 64 GPUs: which scheme fits, and what its communication costs.
+        To practise, open the exercises (`exercises/`): each one asks you to implement a
+        primitive or an algorithm from these notebooks, and grades it.
         """
     ),
 ]

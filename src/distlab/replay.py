@@ -168,6 +168,17 @@ def render_frame(frames: Sequence[Frame], k: int) -> str:
             f'<div style="font-family:monospace;font-size:12px">{msgs}</div></div>{grid}</div>')
 
 
+def show_frames(frames: Sequence[Frame]) -> None:
+    """Every frame at once, each marked as the stepper marks it (blue: sent, orange: received).
+
+    Static HTML: it stays in a saved notebook, where the live stepper widget does not.
+    """
+    from IPython.display import HTML, display
+
+    for k in range(len(frames)):
+        display(HTML(render_frame(frames, k)))
+
+
 def ring_stepper(source: Any = None, frames: Sequence[Frame] | None = None,
                  interval_ms: int = 1200) -> Any:
     """An ipywidgets stepper (Play, step buttons, slider) over a traced ring run.

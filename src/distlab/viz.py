@@ -120,34 +120,49 @@ def p2p_messages(traces: Trace) -> list[dict[str, Any]]:
     return out
 
 
-def timeline_figure(traces: Trace, title: str | None = None) -> Figure:
+def timeline_figure(traces: Trace, title: str | None = None,
+                    spans: Sequence[Sequence[dict[str, Any]]] | None = None) -> Figure:
     """One lane per rank, one box per call (hatched tail: async call until its wait
     returned), arrows from each send to its matching receive. Times in ms from the first call.
+
+    ``spans`` (per rank, dicts with ``label``, ``t_start``, ``t_end`` from ``time.perf_counter``)
+    adds the rank's own work, say each layer's backward, as grey boxes in the upper half of its
+    lane, with the calls in the lower half: what overlaps what.
     """
     enable_figure_display()
     calls = _calls(traces)
-    starts = [r["t_start"] for rank in calls for r in rank]
+    work = [list(s) for s in spans] if spans else []
+    starts = [r["t_start"] for rank in calls for r in rank] + [s["t_start"] for rank in work for s in rank]
     t0 = min(starts) if starts else 0.0
-    span = max((_done(r) for rank in calls for r in rank), default=t0 + 1e-3) - t0 or 1e-3
-    n = max(len(traces), 1)
-    fig = Figure(figsize=(10, 0.7 * n + 1.4), dpi=90)
+    ends = [_done(r) for rank in calls for r in rank] + [s["t_end"] for rank in work for s in rank]
+    span = max(ends, default=t0 + 1e-3) - t0 or 1e-3
+    n = max(len(traces), len(work), 1)
+    fig = Figure(figsize=(10, (1.0 if work else 0.7) * n + 1.4), dpi=90)
     ax = fig.add_subplot()
     colors: dict[str, str] = {}
+    low, height = (0.02, 0.36) if work else (-0.35, 0.7)  # calls: lower half when work is drawn
+    for lane, rank_spans in enumerate(work):
+        for s in rank_spans:
+            x, w = (s["t_start"] - t0) * 1e3, max((s["t_end"] - s["t_start"]) * 1e3, span * 1e3 / 400)
+            ax.broken_barh([(x, w)], (lane - 0.38, 0.36), facecolors="#bbbbbb", edgecolor="white")
+            if w > span * 1e3 / 14:
+                ax.text(x + w / 2, lane - 0.2, str(s.get("label", "")), ha="center", va="center",
+                        fontsize=7, clip_on=True)
     for lane, rank_records in enumerate(calls):
         for rec in rank_records:
             op = canonical_op(rec["op"]) if rec["op"] not in ("isend", "irecv") else rec["op"]
             color = colors.setdefault(op, _PALETTE[len(colors) % len(_PALETTE)])
             x, w = (rec["t_start"] - t0) * 1e3, (rec["t_end"] - rec["t_start"]) * 1e3
             w = max(w, span * 1e3 / 400)  # keep instantaneous calls visible
-            ax.broken_barh([(x, w)], (lane - 0.35, 0.7), facecolors=color,
+            ax.broken_barh([(x, w)], (lane + low, height), facecolors=color,
                            edgecolor="black" if rec.get("error") else color)
             if rec.get("t_wait") is not None and rec["t_wait"] > rec["t_end"]:
                 ax.broken_barh([(x + w, (rec["t_wait"] - rec["t_end"]) * 1e3)],
-                               (lane - 0.2, 0.4), facecolors="none", edgecolor=color,
-                               hatch="///")
+                               (lane + low + height * 0.2, height * 0.6), facecolors="none",
+                               edgecolor=color, hatch="///")
             if w > span * 1e3 / 12:
-                ax.text(x + w / 2, lane, rec["op"], ha="center", va="center", fontsize=7,
-                        color="white", clip_on=True)
+                ax.text(x + w / 2, lane + low + height / 2, rec["op"], ha="center", va="center",
+                        fontsize=7, color="white", clip_on=True)
     for m in p2p_messages(traces):
         if m["recv"] is None or m["src"] >= n or m["dst"] >= n:
             continue

@@ -19,10 +19,11 @@ class Entry:
     module: str       # where the parts, the rank driver and the judge live
     function: str     # what the student defines, in the answer cell of the same id
     parts: tuple[str, ...]
+    answer_cell: str = ""  # the answer cell's id when it is not the function's name
 
     @property
     def solution_ids(self) -> tuple[str, ...]:
-        return (self.function,)
+        return (self.answer_cell or self.function,)
 
     def load(self) -> Exercise:
         exercise: Exercise = importlib.import_module(self.module).EXERCISE
@@ -41,6 +42,8 @@ ENTRIES = (
     Entry("ex5", "ex5_bucketed_allreduce", "distlab.grading.ex5_bucketed_allreduce", "average_gradients",
           ("averages", "buckets", "frozen")),
     Entry("ex6", "ex6_zero1", "distlab.grading.ex6_zero1", "zero1_step", ("matches", "communication", "state")),
+    Entry("ex7", "ex7_cost_model", "distlab.grading.ex7_cost_model", "memory_per_gpu",
+          ("ring", "hierarchical", "memory", "volume"), answer_cell="cost_functions"),
 )
 
 

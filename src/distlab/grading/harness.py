@@ -37,6 +37,20 @@ def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any
     """Execute the trusted setup, then the student's cell, in a fresh namespace; return the function."""
     if submission.fn is not None:
         return submission.fn
+    fn = load_namespace(submission, guard).get(submission.function)
+    if not callable(fn):
+        raise SubmissionNotLoaded(f"{submission.function} is not defined by your solution cell")
+    return fn  # type: ignore[no-any-return]
+
+
+def load_namespace(submission: Submission, guard: CommGuard) -> dict[str, Any]:
+    """Execute the trusted setup, then the student's cell, in a fresh namespace; return it.
+
+    For exercises whose answer cell defines several functions; a function shipped by value (an
+    in-kernel check) comes back as ``{submission.function: fn}``.
+    """
+    if submission.fn is not None:
+        return {submission.function: submission.fn}
     namespace: dict[str, Any] = {"__name__": "__submission__", "__builtins__": builtins}
     exec(compile(submission.setup_source, "<setup cell>", "exec"), namespace)
     sandbox.install(submission.protected)  # after the trusted setup, before the student's code
@@ -54,10 +68,7 @@ def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any
     if log["ops"]:
         raise SubmissionNotLoaded("your solution cell communicates when it is run; "
                                   "do all communication inside the function")
-    fn = namespace.get(submission.function)
-    if not callable(fn):
-        raise SubmissionNotLoaded(f"{submission.function} is not defined by your solution cell")
-    return fn  # type: ignore[no-any-return]
+    return namespace
 
 
 def call(fn: Callable[..., Any], case_text: str, *args: Any, **kwargs: Any) -> Any:

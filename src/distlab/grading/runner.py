@@ -70,8 +70,16 @@ def run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Bat
     return _run_batch(exercise, submission, part, batch, timeout)[0]
 
 
+def reference_namespace(exercise: Exercise, source: str) -> dict[str, Any]:
+    """The instructor's answer cell, executed here (trusted code) after the exercise's setup."""
+    namespace: dict[str, Any] = {"__name__": "__reference__"}
+    exec(compile(exercise.setup_source, "<setup cell>", "exec"), namespace)
+    exec(compile(source, "<reference>", "exec"), namespace)
+    return namespace
+
+
 def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Batch,
-               timeout: float) -> tuple[str | None, bool]:
+               timeout: float, reference: dict[str, Any] | None = None) -> tuple[str | None, bool]:
     """(feedback or None, False when the answer cell itself failed, so every part would)."""
     sink = _CaseSink()
     pool = Pool(batch.world_size, "gloo", sink=sink)
@@ -93,7 +101,11 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
         records = [plain_loads(dones[r].value) for r in sorted(dones)]
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
         return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})", True
-    return _forbidden(exercise, batch, records) or exercise.judge(part, batch, records), True
+    if exercise.needs_reference:
+        verdict = exercise.judge(part, batch, records, reference=reference)  # type: ignore[call-arg]
+    else:
+        verdict = exercise.judge(part, batch, records)
+    return _forbidden(exercise, batch, records) or verdict, True
 
 
 def _forbidden(exercise: Exercise, batch: Batch, records: list[Any]) -> str | None:
@@ -122,7 +134,7 @@ def grade_part(exercise: Exercise, submission: Submission, part: Part,
 
 
 def _grade_part(exercise: Exercise, submission: Submission, part: Part,
-                budget: float) -> tuple[PartResult, bool]:
+                budget: float, reference: dict[str, Any] | None = None) -> tuple[PartResult, bool]:
     started = time.monotonic()
     deadline = started + budget
     cases = sum(len(b.cases) for b in part.batches)
@@ -131,7 +143,7 @@ def _grade_part(exercise: Exercise, submission: Submission, part: Part,
         if left <= 0:
             return PartResult(part.name, False, f"not run: the part's {budget:.3g} s budget was used up",
                               time.monotonic() - started, cases), True
-        message, reached = _run_batch(exercise, submission, part, batch, left)
+        message, reached = _run_batch(exercise, submission, part, batch, left, reference)
         if message:
             return PartResult(part.name, False, _cut(message), time.monotonic() - started, cases), reached
     return PartResult(part.name, True, "", time.monotonic() - started, cases), True
@@ -186,7 +198,8 @@ def calibrate(exercise: Exercise, reference_source: str, cap: float = DEFAULT_PA
 
     Raises ReferenceFailed when the reference itself fails a part: then no grade would be fair.
     """
-    reference = grade_submission(exercise, reference_source, Budgets.uniform(cap))
+    reference = grade_submission(exercise, reference_source, Budgets.uniform(cap),
+                                 reference_source=reference_source)
     for part in reference.parts:
         if not part.passed:
             raise ReferenceFailed.on_part(exercise.assignment, part.part, part.message)
@@ -207,11 +220,17 @@ def _nothing() -> None:
 
 
 def grade_submission(exercise: Exercise, source: str, budgets: Budgets | float = DEFAULT_PART_TIMEOUT,
-                     parts: Iterable[str] | None = None, protected: Sequence[str] = ()) -> SubmissionResult:
+                     parts: Iterable[str] | None = None, protected: Sequence[str] = (),
+                     reference_source: str = "") -> SubmissionResult:
     """Grade the source of the student's answer cells, part by part, each batch on fresh ranks.
 
     ``protected``: directories the submission may not read (the instructor's; see ``sandbox``).
+    ``reference_source``: the instructor's answer cell, for exercises judged against it.
     """
+    if exercise.needs_reference and not reference_source:
+        raise ReferenceFailed(f"{exercise.assignment} is judged against the instructor's reference "
+                              f"answer; grade it with the grader (python -m grader), which has it")
+    reference = reference_namespace(exercise, reference_source) if exercise.needs_reference else None
     warm_up()
     if not isinstance(budgets, Budgets):
         budgets = Budgets.uniform(float(budgets))
@@ -226,7 +245,7 @@ def grade_submission(exercise: Exercise, source: str, budgets: Budgets | float =
             # the submission failed before any case could run: it would again, in every part
             result.parts.append(PartResult(part.name, False, broken, 0.0, 0))
             continue
-        outcome, reached = _grade_part(exercise, submission, part, budgets.for_part(part.name, grace))
+        outcome, reached = _grade_part(exercise, submission, part, budgets.for_part(part.name, grace), reference)
         if part.name in budgets.expected:
             grace = max(0.0, grace - max(0.0, outcome.seconds - budgets.expected[part.name]))
         result.parts.append(outcome)

@@ -35,18 +35,24 @@ class GradingSession:
         self.protected = tuple(protected)
         self._budgets: dict[str, Budgets] = {}
 
+    def reference_source(self, assignment: str) -> str:
+        """The instructor's answer cell for ``assignment``, or "" when there is no reference here."""
+        path = reference_notebook(self.reference_dir, assignment) if self.reference_dir else ""
+        if not (path and os.path.isfile(path)):
+            return ""
+        with open(path, encoding="utf-8") as handle:
+            return solution_source(json.load(handle), entry(assignment).solution_ids)
+
     def budgets(self, assignment: str) -> Budgets:
         if assignment not in self._budgets:
-            path = reference_notebook(self.reference_dir, assignment) if self.reference_dir else ""
-            if path and os.path.isfile(path):
-                known = entry(assignment)
-                with open(path, encoding="utf-8") as handle:
-                    source = solution_source(json.load(handle), known.solution_ids)
-                self._budgets[assignment] = calibrate(known.load(), source, self.part_timeout)
+            source = self.reference_source(assignment)
+            if source:
+                self._budgets[assignment] = calibrate(entry(assignment).load(), source, self.part_timeout)
             else:
                 self._budgets[assignment] = Budgets.uniform(self.part_timeout)
         return self._budgets[assignment]
 
     def grade(self, assignment: str, source: str) -> SubmissionResult:
         known = entry(assignment)
-        return grade_submission(known.load(), source, self.budgets(known.assignment), protected=self.protected)
+        return grade_submission(known.load(), source, self.budgets(known.assignment), protected=self.protected,
+                                reference_source=self.reference_source(known.assignment))

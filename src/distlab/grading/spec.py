@@ -68,6 +68,9 @@ class Exercise:
     # checked on every case of every part before the judge: an exercise that asks to build a
     # collective gives no part to a submission that calls it (or any other forbidden one)
     communication: CommRule | None = None
+    # judged against the instructor's reference answer (run in the trusted process at grading
+    # time, never shipped): the judge gets ``reference=`` the namespace of the reference cell
+    needs_reference: bool = False
 
     def part(self, name: str) -> Part:
         for part in self.parts:
