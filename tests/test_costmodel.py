@@ -69,3 +69,44 @@ def test_ring_model_counts_two_n_minus_one_steps() -> None:
     model = AlphaBeta(alpha=1e-5, beta=1e-9)
     assert costmodel.ring_all_reduce_time(model, 4, 4e6) == pytest.approx(6 * (1e-5 + 1e-3))
     assert costmodel.ring_all_reduce_time(model, 1, 4e6) == 0.0
+
+
+def _notebook_12_functions() -> dict:
+    """The cost functions notebook 12 defines for the learner, executed from its cells."""
+    import sys
+    from pathlib import Path
+
+    build = Path(__file__).resolve().parents[1] / "notebooks" / "_build"
+    sys.path.insert(0, str(build))
+    try:
+        import ch12_cost_at_scale as chapter
+    finally:
+        sys.path.pop(0)
+    import ast
+
+    namespace: dict = {}
+    for cell in chapter.CELLS:
+        if cell.cell_type != "code" or "%" in cell.source.split("\n", 1)[0] or "%dist" in cell.source:
+            continue
+        tree = ast.parse(cell.source)
+        # the definitions only (functions and constants), not the cells' printing and plotting
+        keep = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+                or (isinstance(node, ast.Assign) and all(name.id.isupper() for t in node.targets
+                                                        for name in ast.walk(t) if isinstance(name, ast.Name)))]
+        exec(compile(ast.Module(body=keep, type_ignores=[]), "ch12", "exec"), namespace)
+    return namespace
+
+
+def test_notebook_12_reproduces_the_zero_papers_figure_1() -> None:
+    """Rajbhandari et al. 2020, Figure 1: 7.5B parameters, 64 GPUs, K = 12."""
+    memory_gb = _notebook_12_functions()["memory_gb"]
+    assert [round(memory_gb(7.5e9, 64, stage), 2) for stage in range(4)] == [120.0, 31.41, 16.64, 1.88]
+
+
+def test_notebook_12_zero3_moves_one_and_a_half_times_data_parallel() -> None:
+    ns = _notebook_12_functions()
+    assert ns["bytes_per_step"](10e9, 64, 3) == 1.5 * ns["bytes_per_step"](10e9, 64, 0)
+    assert ns["bytes_per_step"](10e9, 64, 1) == ns["bytes_per_step"](10e9, 64, 0)
+    # one node: the hierarchical all_reduce is the ring inside the node
+    ring, hier = ns["ring_time"], ns["hierarchical_time"]
+    assert abs(hier(20e9, 1, 8) - ring(20e9, 8, ns["ALPHA_INTRA"], ns["LINKS"]["NVLink 4"])) < 1e-12

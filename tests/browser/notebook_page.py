@@ -75,10 +75,11 @@ class NotebookPage:
         return [i for i, cls in enumerate(classes) if "jp-CodeCell" in cls.split()]
 
     def find_cell(self, needle: str) -> int:
-        """Index of the first cell whose source contains `needle`."""
+        """Index of the first code cell whose source contains `needle` (markdown may quote code)."""
         sources = self.cells.evaluate_all(
-            """cs => cs.map(c => [...c.querySelectorAll('.jp-InputArea-editor .cm-line')]
-                .map(l => l.textContent).join('\\n'))"""
+            """cs => cs.map(c => c.classList.contains('jp-CodeCell')
+                ? [...c.querySelectorAll('.jp-InputArea-editor .cm-line')].map(l => l.textContent).join('\\n')
+                : '')"""
         )
         for i, src in enumerate(sources):
             if needle in src:
