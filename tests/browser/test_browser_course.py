@@ -21,7 +21,7 @@ def tagged_cells(path: str, tag: str) -> set[int]:
 
 def test_welcome_runs_on_four_ranks_without_errors(lab_ui):
     nb = lab_ui.open(WELCOME)
-    nb.run_all()
+    nb.run_all(expected_failures=tagged_cells(WELCOME, "raises-exception"))
 
     unrun = nb.unrun_cells()
     assert not unrun, f"Run All stopped before cells {unrun}: {nb.error_outputs()}"
