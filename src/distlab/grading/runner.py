@@ -101,11 +101,12 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
         records = [plain_loads(dones[r].value) for r in sorted(dones)]
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
         return f"world_size={batch.world_size}: a rank sent back something other than data ({exc})", True
+    forbidden = _forbidden(exercise, batch, records)
+    if forbidden:  # judged first: the judge (for ex7, the reference) need not run
+        return forbidden, True
     if exercise.needs_reference:
-        verdict = exercise.judge(part, batch, records, reference=reference)  # type: ignore[call-arg]
-    else:
-        verdict = exercise.judge(part, batch, records)
-    return _forbidden(exercise, batch, records) or verdict, True
+        return exercise.judge(part, batch, records, reference=reference), True  # type: ignore[call-arg]
+    return exercise.judge(part, batch, records), True
 
 
 def _forbidden(exercise: Exercise, batch: Batch, records: list[Any]) -> str | None:

@@ -34,14 +34,21 @@ class GradingSession:
         self.reference_dir = reference_dir
         self.protected = tuple(protected)
         self._budgets: dict[str, Budgets] = {}
+        self._references: dict[str, str] = {}
 
     def reference_source(self, assignment: str) -> str:
-        """The instructor's answer cell for ``assignment``, or "" when there is no reference here."""
-        path = reference_notebook(self.reference_dir, assignment) if self.reference_dir else ""
-        if not (path and os.path.isfile(path)):
-            return ""
-        with open(path, encoding="utf-8") as handle:
-            return solution_source(json.load(handle), entry(assignment).solution_ids)
+        """The instructor's answer cell for ``assignment``, or "" when there is no reference here.
+
+        Read once per process: every submission of the class is graded against the same one.
+        """
+        if assignment not in self._references:
+            path = reference_notebook(self.reference_dir, assignment) if self.reference_dir else ""
+            source = ""
+            if path and os.path.isfile(path):
+                with open(path, encoding="utf-8") as handle:
+                    source = solution_source(json.load(handle), entry(assignment).solution_ids)
+            self._references[assignment] = source
+        return self._references[assignment]
 
     def budgets(self, assignment: str) -> Budgets:
         if assignment not in self._budgets:
