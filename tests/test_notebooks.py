@@ -113,19 +113,33 @@ def test_kernel_is_this_interpreter() -> None:
     assert Path(argv[0]).resolve() == Path(sys.executable).resolve(), argv
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stem", EXPECTED)
-def test_notebook_runs_clean(stem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+# `%%dist -n 4` / `%dist_start -n 4` at the start of a code cell: what a learner edits to try
+# another rank count. Cells that ask for a particular count (`-n 2` in notebook 02) keep it.
+RANK_OPTION = re.compile(r"^(%%?dist(?:_start)?\b[^\n]*?)-n 4\b", re.MULTILINE)
+
+
+def with_rank_count(nb: nbformat.NotebookNode, world_size: int) -> int:
+    """Change every default `-n 4` to `-n world_size`, as a learner would; returns how many."""
+    changed = 0
+    for cell in _code_cells(nb):
+        source, n = RANK_OPTION.subn(rf"\g<1>-n {world_size}", cell.source)
+        cell.source, changed = source, changed + n
+    return changed
+
+
+def _run_clean(stem: str, world_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbclient import NotebookClient
 
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     nb = _read(stem)
+    if world_size != 4:
+        assert with_rank_count(nb, world_size) > 0, f"{stem}: no `-n 4` to change"
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
     client.execute()  # raises CellExecutionError on an error in a cell not tagged raises-exception
 
     for cell in _code_cells(nb):
-        where = f"{stem}, cell {cell.get('id')}:\n{cell.source[:200]}"
+        where = f"{stem} on {world_size} ranks, cell {cell.get('id')}:\n{cell.source[:200]}"
         stderr = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
         assert not stderr, f"stderr output in {where}\n{''.join(stderr)}"
         errors = [o for o in cell.outputs if o.output_type == "error"]
@@ -134,3 +148,27 @@ def test_notebook_runs_clean(stem: str, monkeypatch: pytest.MonkeyPatch) -> None
             assert errors[0].ename in EXPECTED_FAILURES, f"{errors[0].ename} in {where}"
         else:
             assert not errors, f"error output in {where}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_notebook_runs_clean(stem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_clean(stem, 4, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [3, 8])
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_notebook_runs_on_other_rank_counts(stem: str, world_size: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A learner who changes every `-n 4` to 3 or 8 still gets a notebook that runs clean."""
+    _run_clean(stem, world_size, monkeypatch)
+
+
+def test_rank_count_substitution_reaches_every_default_cell() -> None:
+    nb = _read("02_point_to_point")
+    total = sum(c.source.count("-n 4") for c in _code_cells(nb))
+    assert with_rank_count(nb, 3) == total > 0
+    sources = [c.source for c in _code_cells(nb)]
+    assert not any("-n 4" in s for s in sources)
+    assert any(s.startswith("%%dist -n 2") for s in sources), "a deliberate -n 2 stays"

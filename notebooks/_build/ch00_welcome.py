@@ -29,6 +29,10 @@ CELLS = [
         | 09 | Composing collectives: the ring, cost models, bandwidth |
         | 10 | Collectives in training: DDP, bucketing, ZeRO and FSDP |
         | 11 | Measuring: latency and bandwidth on this machine |
+        | 12 | Cost at scale: a 10B model on 64 GPUs |
+
+        Every cell is written for any number of ranks. The course uses 4; change `-n 4` to 3 or
+        8 in any notebook to see what changes.
         """
     ),
     md(
@@ -271,8 +275,8 @@ CELLS = [
     ),
     code(
         """
-        expected = [(11 * r) ** 2 for r in range(4)]  # x was 11 * rank
         got = %dist_pull sq
+        expected = [(11 * r) ** 2 for r in range(len(got))]  # x was 11 * rank
         assert got == expected, (got, expected)
         print("self-check passed:", got)
         """

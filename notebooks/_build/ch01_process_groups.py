@@ -186,8 +186,8 @@ CELLS = [
     ),
     dist(
         """
-        evens = dist.new_group([0, 2])
-        odds = dist.new_group([1, 3])
+        evens = dist.new_group(list(range(0, world_size, 2)))  # [0, 2] on 4 ranks
+        odds = dist.new_group(list(range(1, world_size, 2)))   # [1, 3] on 4 ranks
         mine = evens if rank % 2 == 0 else odds
 
         s = torch.tensor([rank], device=device)
@@ -205,7 +205,9 @@ CELLS = [
     ),
     dist(
         """
-        pair, all_pairs = dist.new_subgroups(group_size=2)
+        # group_size must divide world_size: on an odd count, one group holds every rank.
+        size = 2 if world_size % 2 == 0 else world_size
+        pair, all_pairs = dist.new_subgroups(group_size=size)
         p = torch.tensor([rank], device=device)
         dist.all_reduce(p, group=pair)
         p.item()
@@ -232,7 +234,9 @@ CELLS = [
         """,
         """
         The pairs are `[0, 1]` and `[2, 3]`: ranks 0 and 1 hold `0 + 1 = 1`, ranks 2 and 3 hold
-        `2 + 3 = 5`.
+        `2 + 3 = 5`. (Try `-n 6`: a third pair `[4, 5]` holds 9. On `-n 3` the cell makes one
+        group of 3, because `new_subgroups` refuses a `group_size` that does not divide the
+        world.)
         """,
     ),
     md(
@@ -259,7 +263,7 @@ CELLS = [
         arrived = %dist_pull arrived
         left = %dist_pull left
         t0 = min(arrived)
-        for r in range(4):
+        for r in range(len(arrived)):
             print(f"rank {r}: arrived at {arrived[r] - t0:.3f} s, left at {left[r] - t0:.3f} s")
 
         # Nobody leaves before the last one has arrived.
@@ -305,9 +309,9 @@ CELLS = [
     ),
     code(
         """
-        world = range(4)
-        expected = [sum(q for q in world if q % 2 == r % 2) for r in world]
         pulled = %dist_pull s
+        world = range(len(pulled))
+        expected = [sum(q for q in world if q % 2 == r % 2) for r in world]
         got = [t.item() for t in pulled]
         assert got == expected, (got, expected)
         assert lines == [f"{m}: rank {r} of 2, sum 3" for r in range(2)

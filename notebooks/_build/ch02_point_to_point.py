@@ -52,9 +52,9 @@ CELLS = [
             buf = torch.tensor([1.0, 2.0, 3.0], device=device) * (rank + 1)
         before = buf.clone()
 
-        if rank % 2 == 0:
+        if rank % 2 == 0 and rank + 1 < world_size:  # on an odd count the last rank has no pair
             dist.send(buf, dst=rank + 1)  # even ranks send their (3,) tensor
-        else:
+        elif rank % 2 == 1:
             dist.recv(buf, src=rank - 1)  # odd ranks receive into their (3,) buffer
 
         after = buf.clone()
@@ -204,14 +204,15 @@ CELLS = [
         """
         ### Passing a token round a ring
 
-        Back to 4 ranks. Rank 0 starts a token at 1 and sends it right. Each other rank receives
-        it from the left, adds `rank + 1`, and sends it right. Rank 3's right neighbour is
-        rank 0, so the token comes home.
+        Back to the whole team (4 ranks, unless you changed `-n`). Rank 0 starts a token at 1
+        and sends it right. Each other rank receives
+        it from the left, adds `rank + 1`, and sends it right. The last rank's right neighbour
+        is rank 0, so the token comes home.
         """
     ),
     predict(
         """
-        What does `token` hold on each rank at the end?
+        On 4 ranks, what does `token` hold on each rank at the end?
         """,
         """
         Rank 0 starts with 1. Rank 1 receives 1 and adds 2: **3**. Rank 2 adds 3: **6**. Rank 3
@@ -236,7 +237,7 @@ CELLS = [
     md(
         """
         The same ring with `batch_isend_irecv`: every rank passes its own value right at once,
-        in one step instead of four.
+        in one step instead of `world_size` steps.
         """
     ),
     dist(
@@ -289,7 +290,7 @@ CELLS = [
 
         pulled = %dist_pull token
         got = [t.item() for t in pulled]
-        assert got == ring_tokens(4), (got, ring_tokens(4))
+        assert got == ring_tokens(len(got)), (got, ring_tokens(len(got)))
         print("self-check passed:", got)
         """
     ),

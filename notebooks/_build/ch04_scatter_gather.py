@@ -51,8 +51,8 @@ CELLS = [
         """
         task = torch.zeros(2, device=device)  # every rank: room for one task of 2 numbers
         if rank == 0:
-            job = torch.arange(1.0, 9.0, device=device)  # the captain's 8 numbers
-            tasks = list(job.chunk(world_size))  # 4 tasks of shape (2,)
+            job = torch.arange(1.0, 2 * world_size + 1, device=device)  # 8 numbers on 4 ranks
+            tasks = list(job.chunk(world_size))  # world_size tasks of shape (2,)
         else:
             job, tasks = None, None  # only src passes the list
         before = job if rank == 0 else task.clone()
@@ -96,7 +96,8 @@ CELLS = [
         reports_kernel = %dist_pull report
         show_buffers(reports_kernel, title="before gather: each rank's report")
         result = %dist_pull result --ranks 0
-        show_buffers(result + [None, None, None], title="after gather(dst=0): rank 0 holds all")
+        others = [None] * (len(reports_kernel) - 1)  # the other ranks hold no result
+        show_buffers(result + others, title="after gather(dst=0): rank 0 holds all")
         """
     ),
     md(
@@ -106,7 +107,7 @@ CELLS = [
     ),
     predict(
         """
-        Rank 2 is the root this time. It holds `scatter_list = [10, 11, 12, 13]` (four
+        On 4 ranks, rank 2 is the root. It holds `scatter_list = [10, 11, 12, 13]` (four
         one-element tensors), and everyone scatters, adds their rank, and gathers back to rank 2.
         What does rank 2's list hold at the end?
         """,
@@ -146,7 +147,8 @@ CELLS = [
             for m in all_metrics:
                 print(m)
 
-        names = ["alice", "bob", "carol", "dave"] if rank == 0 else None
+        team = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+        names = [team[r % len(team)] for r in range(world_size)] if rank == 0 else None
         mine = [None]  # one slot for this rank's object
         dist.scatter_object_list(mine, names, src=0)
         print("my name is", mine[0])
@@ -176,10 +178,11 @@ CELLS = [
     ),
     code(
         """
-        expected = [float(k * k) for k in range(1, 9)]
+        n = len(tasks_after)  # the number of ranks: 2 numbers each
+        expected = [float(k * k) for k in range(1, 2 * n + 1)]
         got = result[0].tolist()
         assert got == expected, (got, expected)
-        assert tasks_after[3].tolist() == [7.0, 8.0]  # the last task went to the last rank
+        assert tasks_after[-1].tolist() == [2 * n - 1.0, 2 * n]  # the last task, the last rank
         print("self-check passed:", got)
         """
     ),

@@ -89,7 +89,7 @@ CELLS = [
 
         ### Every reduction operator
 
-        `op` picks how values combine. With each rank holding `rank + 1`, i.e. 1, 2, 3, 4:
+        `op` picks how values combine. Each rank holds `rank + 1`: 1, 2, 3, 4 on 4 ranks.
         """
     ),
     dist(
@@ -115,7 +115,7 @@ CELLS = [
     ),
     md(
         """
-        - `SUM` 1+2+3+4 = 10, `PRODUCT` 1·2·3·4 = 24, `MIN` 1, `MAX` 4.
+        - On 4 ranks: `SUM` 1+2+3+4 = 10, `PRODUCT` 1·2·3·4 = 24, `MIN` 1, `MAX` 4.
         - `AVG` = SUM / world_size = 2.5. NCCL supports it, and so does gloo on the torch
           installed here (the cell above just used it). Where a backend refuses it, use `SUM` and
           divide by `world_size` yourself.
@@ -214,8 +214,8 @@ CELLS = [
         """
         ## Self-check
 
-        Compute, in the kernel, what every operator gives for the values 1, 2, 3, 4, and compare
-        with the ranks' `results`.
+        Compute, in the kernel, what every operator gives for the values 1 to `world_size`, and
+        compare with the ranks' `results`.
         """
     ),
     code(
@@ -223,7 +223,8 @@ CELLS = [
         import functools
         import operator
 
-        values = [r + 1 for r in range(4)]
+        results = %dist_pull results
+        values = [r + 1 for r in range(len(results))]
         expected = {
             "SUM": float(sum(values)),
             "PRODUCT": float(functools.reduce(operator.mul, values)),
@@ -234,7 +235,6 @@ CELLS = [
             "BOR": functools.reduce(operator.or_, values),
             "BXOR": functools.reduce(operator.xor, values),
         }
-        results = %dist_pull results
         for got in results:  # every rank has every result
             for name, value in got.items():
                 assert value == expected[name], (name, value, expected[name])

@@ -35,8 +35,8 @@ CELLS = [
         column, then everyone takes a photo of the whole board. Afterwards everyone holds all the
         pieces, **in rank order**, and nobody added anything up.
 
-        Below, rank *r* holds `[10r, 10r + 1]`. After `all_gather` every rank holds all four
-        pairs.
+        Below, rank *r* holds `[10r, 10r + 1]`. After `all_gather` every rank holds every
+        rank's pair: four pairs on 4 ranks.
 
         ![All_gather: each rank's piece ends up on every rank, in rank order](figures/06_all_gather.svg)
         """
@@ -84,7 +84,7 @@ CELLS = [
         """
         all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-        flat = torch.empty(world_size * 2, device=device)  # (8,) = 4 ranks x (2,)
+        flat = torch.empty(world_size * 2, device=device)  # (8,) on 4 ranks: 4 x (2,)
         all_gather_single(flat, mine)
         flat.view(world_size, 2).tolist()  # one row per rank
         """
@@ -116,8 +116,8 @@ CELLS = [
     predict(
         """
         Rank *r* holds `torch.full((r + 1,), float(r))`: rank 0 one element, rank 3 four. Every
-        rank passes `[torch.empty(i + 1) for i in range(4)]` to `dist.all_gather`. What happens
-        with gloo?
+        rank passes `[torch.empty(i + 1) for i in range(world_size)]` to `dist.all_gather`. What
+        happens with gloo?
         """,
         """
         It fails. gloo's `all_gather` requires every piece to have the same size, and raises
@@ -202,17 +202,18 @@ CELLS = [
     ),
     code(
         """
-        expected = [v for r in range(4) for v in (10.0 * r, 10.0 * r + 1)]
         pulled = %dist_pull gathered
+        world = range(len(pulled))  # one entry per rank
+        expected = [v for r in world for v in (10.0 * r, 10.0 * r + 1)]
         assert all(g.tolist() == expected for g in pulled), pulled
 
-        expected_trimmed = [[float(r)] * (r + 1) for r in range(4)]
+        expected_trimmed = [[float(r)] * (r + 1) for r in world]
         pulled_trimmed = %dist_pull trimmed
         for per_rank in pulled_trimmed:
             assert [t.tolist() for t in per_rank] == expected_trimmed
 
         totals = %dist_pull total_seen
-        assert totals == [32 * (1 + 2 + 3 + 4)] * 4
+        assert totals == [sum(32 * (r + 1) for r in world)] * len(world)
         print("self-check passed")
         """
     ),

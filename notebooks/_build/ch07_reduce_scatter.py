@@ -49,7 +49,8 @@ CELLS = [
     setup(),
     dist(
         """
-        receipts = (rank + 1) * torch.tensor([1.0, 2.0, 3.0, 4.0], device=device)  # (4,)
+        # One entry per department: (rank + 1) * [1, 2, 3, 4] on 4 ranks.
+        receipts = (rank + 1) * torch.arange(1.0, world_size + 1, device=device)
         my_total = torch.empty(1, device=device)  # (1,): this rank's department only
 
         # List form: one input tensor per destination rank.
@@ -63,7 +64,7 @@ CELLS = [
 
         before = %dist_pull receipts
         after = %dist_pull my_total
-        show_buffers(before, title="before reduce_scatter: every rank has all 4 departments")
+        show_buffers(before, title="before reduce_scatter: every rank has every department")
         show_buffers(after, title="after: rank i holds the total of department i")
         """
     ),
@@ -90,8 +91,9 @@ CELLS = [
         reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
                                  or dist.reduce_scatter_tensor)
 
-        grads = torch.arange(8.0, device=device) * (rank + 1)  # (8,): a flat gradient buffer
-        shard = torch.empty(2, device=device)  # (2,) = 8 / world_size
+        # A flat gradient buffer of 2 elements per rank: (8,) on 4 ranks.
+        grads = torch.arange(2.0 * world_size, device=device) * (rank + 1)
+        shard = torch.empty(2, device=device)  # (2,) = grads.numel() / world_size
         reduce_scatter_single(shard, grads)
         shard.tolist()
         """
@@ -103,7 +105,7 @@ CELLS = [
     ),
     predict(
         """
-        In the cell above, rank *r* held `arange(8) * (r + 1)`. What does rank 1's `shard`
+        On 4 ranks, rank *r* held `arange(8) * (r + 1)`. What does rank 1's `shard`
         hold? And what if you use `op=dist.ReduceOp.MAX` instead?
         """,
         """
@@ -132,8 +134,8 @@ CELLS = [
         """
         from distlab.compat import all_gather_single
 
-        full = torch.empty(8, device=device)
-        all_gather_single(full, shard)  # every rank: all 4 summed slices
+        full = torch.empty(2 * world_size, device=device)
+        all_gather_single(full, shard)  # every rank: every rank's summed slice
 
         reference = grads.clone()
         dist.all_reduce(reference)
@@ -184,14 +186,15 @@ CELLS = [
     ),
     code(
         """
-        n, k = 4, 2
+        pulled = %dist_pull shard
+        n, k = len(pulled), 2  # ranks, elements per shard
         total = [sum(float(j * (r + 1)) for r in range(n)) for j in range(n * k)]  # sum over ranks
         expected = [total[i * k:(i + 1) * k] for i in range(n)]
-        pulled = %dist_pull shard
         got = [t.tolist() for t in pulled]
         assert got == expected, (got, expected)
         totals = %dist_pull my_total
-        assert [t.item() for t in totals] == [10.0, 20.0, 30.0, 40.0]
+        # department i: (i + 1) * (1 + 2 + ... + n)
+        assert [t.item() for t in totals] == [(i + 1.0) * n * (n + 1) / 2 for i in range(n)]
         print("self-check passed:", got)
         """
     ),

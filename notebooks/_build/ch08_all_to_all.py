@@ -73,7 +73,8 @@ CELLS = [
     ),
     predict(
         """
-        Now each rank's outbox is one flat tensor, `[4 * rank + j for j in range(4)]`, and we call
+        On 4 ranks, each rank's outbox is one flat tensor, `[4 * rank + j for j in range(4)]`,
+        and we call
         `all_to_all_single(out, inp)` with equal splits. What does rank 2 receive?
         """,
         """
@@ -83,7 +84,7 @@ CELLS = [
     ),
     dist(
         """
-        inp = torch.arange(world_size, device=device) + world_size * rank  # (4,)
+        inp = torch.arange(world_size, device=device) + world_size * rank  # (world_size,)
         out = torch.empty_like(inp)
         dist.all_to_all_single(out, inp)  # equal splits: element j goes to rank j
         out.tolist()
@@ -138,8 +139,8 @@ CELLS = [
 
         ### Sequence parallelism: from "my tokens" to "my heads"
 
-        With long sequences, each rank holds a slice of the sequence: 2 of 8 positions, all 4
-        attention heads. Attention needs the *whole* sequence, but each head is independent. So
+        With long sequences, each rank holds a slice of the sequence. On 4 ranks: 2 of 8
+        positions, all 4 attention heads (one head per rank here). Attention needs the *whole* sequence, but each head is independent. So
         before attention, an all_to_all swaps the sharding: afterwards each rank holds **all 8
         positions for one head**. After attention a second all_to_all swaps back. This is the
         scheme of DeepSpeed-Ulysses (Jacobs et al., 2023).
@@ -165,7 +166,7 @@ CELLS = [
         per_head = [c.contiguous() for c in x.chunk(world_size, dim=1)]  # piece j: head j, (2, 1)
         mine = [torch.empty(seq_local, 1, device=device) for _ in range(world_size)]
         dist.all_to_all(mine, per_head)
-        one_head = torch.cat(mine, dim=0)  # (8, 1): every position, head `rank`
+        one_head = torch.cat(mine, dim=0)  # (2 * world_size, 1): every position, head `rank`
         one_head.flatten().tolist()
         """
     ),
@@ -195,9 +196,9 @@ CELLS = [
     ),
     code(
         """
-        n = 4
-        expected_received = [[10.0 * r + j for r in range(n)] for j in range(n)]
         received = %dist_pull received
+        n = len(received)  # the number of ranks
+        expected_received = [[10.0 * r + j for r in range(n)] for j in range(n)]
         assert [t.tolist() for t in received] == expected_received
 
         expected_moe = [
@@ -208,7 +209,7 @@ CELLS = [
 
         heads = %dist_pull one_head
         assert [h.flatten().tolist() for h in heads] == [
-            [100.0 * s + h for s in range(8)] for h in range(n)
+            [100.0 * s + h for s in range(2 * n)] for h in range(n)
         ]
         print("self-check passed")
         """

@@ -52,12 +52,12 @@ CELLS = [
         """
         from distlab.compat import all_gather_single, reduce_scatter_single
 
-        x = torch.arange(8.0, device=device) + 10 * rank  # (8,) per rank
+        x = torch.arange(2.0 * world_size, device=device) + 10 * rank  # (8,) per rank on 4 ranks
         before = x.clone()
 
-        shard = torch.empty(2, device=device)  # (8 / 4,)
+        shard = torch.empty(2, device=device)  # (x.numel() / world_size,)
         reduce_scatter_single(shard, x)  # rank r: sum of slice r
-        composed = torch.empty(8, device=device)
+        composed = torch.empty_like(x)
         all_gather_single(composed, shard)  # everyone: all slices
 
         builtin = x.clone()
@@ -88,7 +88,7 @@ CELLS = [
         `(r + 1) mod n`. Then `n - 1` all-gather steps pass the finished chunks around.
 
         Exercise 2 asks you to write this ring, so the kit does not hand you one. Instead, here
-        is a **recording** of a ring on 4 ranks, with the same input as above: every rank's
+        is a **recording** of a ring on 4 ranks, with the input above on 4 ranks: every rank's
         `torch.distributed` calls, as `%%dist --trace` records them, and its buffer after each
         step. `--trace` records any cell this way and draws a timeline, one lane per rank, with
         a table of bytes.
@@ -155,7 +155,7 @@ CELLS = [
             return sum(r.get("sent", 0) for r in rank_records if r.get("op") != "snapshot")
 
 
-        n, N = 4, 8 * 4  # ranks, bytes in the buffer
+        n, N = len(traces), 8 * 4  # the recording's ranks, bytes in its buffer
         sent = [bytes_sent(t) for t in traces]
         print("bytes sent per rank:", sent, "| formula 2(n-1)/n * N =", 2 * (n - 1) / n * N)
         """
@@ -288,8 +288,8 @@ CELLS = [
     ),
     md(
         """
-        Time one all_reduce on the ranks and compute both numbers. (4 ranks on this machine's
-        CPUs: expect modest numbers; notebook 11 does this properly, over many sizes.)
+        Time one all_reduce on the ranks and compute both numbers. (A few ranks on this
+        machine's CPUs: expect modest numbers; notebook 11 does this properly, over many sizes.)
         """
     ),
     dist(
@@ -317,7 +317,8 @@ CELLS = [
         seconds = max(per_rank)  # the slowest rank decides (nccl-tests averages ranks unless -a 3)
         S = (1 << 18) * 4
         print(f"S = {S} bytes, t = {seconds * 1e3:.2f} ms, "
-              f"algbw = {algbw(S, seconds):.3f} GB/s, busbw = {busbw('all_reduce', 4, S, seconds):.3f} GB/s")
+              f"algbw = {algbw(S, seconds):.3f} GB/s, "
+              f"busbw = {busbw('all_reduce', len(per_rank), S, seconds):.3f} GB/s")
         """
     ),
     md(
@@ -348,11 +349,14 @@ CELLS = [
     ),
     code(
         """
-        n, N = 4, 8 * 4
+        n, N = len(traces), 8 * 4  # the recording: 4 ranks, 8 float32 each
         expected = [sum(float(k + 10 * r) for r in range(n)) for k in range(8)]
         assert all(buffers == expected for buffers in frames[-1].buffers), frames[-1].buffers
-        assert composed[0].tolist() == expected
         assert sent == [2 * (n - 1) * N // n] * n, sent
+
+        w = len(composed)  # your ranks: 2 elements each
+        yours = [sum(float(k + 10 * r) for r in range(w)) for k in range(2 * w)]
+        assert all(c.tolist() == yours for c in composed), composed
         print("self-check passed: ring sum", expected, "| bytes per rank", sent[0])
         """
     ),

@@ -33,15 +33,16 @@ CELLS = [
         """
         ## The idea
 
-        Four teachers grade a pile of 16 exams with one shared marking guide (the model). Each
-        takes 4 exams (a data shard). Grading suggests corrections to the guide (gradients), and
+        Four teachers grade a pile of 48 exams with one shared marking guide (the model). Each
+        takes 12 exams (a data shard). Grading suggests corrections to the guide (gradients), and
         each teacher's suggestions differ because their exams differ. If each teacher edited their
         own guide, the four guides would drift apart. So before editing, they **average** their
         suggestions, and everyone applies the same average. The guides stay identical, and the
-        result is the same as one teacher grading all 16 exams.
+        result is the same as one teacher grading all 48 exams.
 
         The average of the four local gradients equals the full-batch gradient because each
-        local loss is a mean over an equal share of the batch.
+        local loss is a mean over an equal share of the batch. (48 samples split evenly over 2,
+        3, 4, 6, 8, 12 or 16 ranks; on 5 ranks the shares differ and the average is off.)
 
         We define the model, the data and the settings once in the kernel and push them to the
         ranks, so every rank and the kernel build the same thing.
@@ -63,7 +64,7 @@ CELLS = [
 
 
         gen = torch.Generator().manual_seed(1)
-        X, Y = torch.randn(16, 8, generator=gen), torch.randn(16, 1, generator=gen)  # global batch
+        X, Y = torch.randn(48, 8, generator=gen), torch.randn(48, 1, generator=gen)  # global batch
         LR, STEPS = 0.1, 5
 
         %dist_push make_model X Y LR STEPS
@@ -73,7 +74,7 @@ CELLS = [
         """
         ### By hand: all_reduce the gradients
 
-        Each rank takes its 4 of the 16 samples, computes its gradients, sums them over ranks
+        Each rank takes its share of the 48 samples (12 on 4 ranks), computes its gradients, sums them over ranks
         with `all_reduce`, divides by `world_size`, and steps.
         """
     ),
@@ -82,7 +83,7 @@ CELLS = [
         import torch.nn as nn
         import torch.nn.functional as F
 
-        xs = X.chunk(world_size)[rank].to(device)  # (4, 8): my share of the batch
+        xs = X.chunk(world_size)[rank].to(device)  # (12, 8) on 4 ranks: my share of the batch
         ys = Y.chunk(world_size)[rank].to(device)
         model = make_model().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -352,8 +353,8 @@ CELLS = [
 
         zmodel = make_model().to(device)
         P = sum(p.numel() for p in zmodel.parameters())  # 161 numbers
-        per = -(-P // world_size)  # my shard: ceil(161 / 4) = 41
-        flat_grad = torch.zeros(per * world_size, device=device)  # padded to 164
+        per = -(-P // world_size)  # my shard: ceil(161 / 4) = 41 on 4 ranks
+        flat_grad = torch.zeros(per * world_size, device=device)  # padded (to 164 on 4 ranks)
         flat_param = torch.zeros(per * world_size, device=device)
 
         for step in range(STEPS):
@@ -397,8 +398,9 @@ CELLS = [
 
         F.mse_loss(fsdp_model(xs), ys).backward()
         w = fsdp_model[0].weight
-        rows = w.to_local().shape[0]  # my rows of the (16, 8) weight
-        fsdp_ok = torch.allclose(w.grad.to_local(), first_avg[0][rank * rows:(rank + 1) * rows])
+        rows = w.to_local().shape[0]  # my rows of the (16, 8) weight: 4 on 4 ranks
+        start = rank * -(-w.shape[0] // world_size)  # dim 0 is split as torch.chunk splits it
+        fsdp_ok = torch.allclose(w.grad.to_local(), first_avg[0][start:start + rows])
         print(f"I keep {tuple(w.to_local().shape)} of {tuple(w.shape)}; grad shard matches: {fsdp_ok}")
         """,
         options="-n 4 --trace",
@@ -437,7 +439,7 @@ CELLS = [
         """
         ## Self-check
 
-        Train the same model on the full batch of 16 in this kernel, on one process, with the
+        Train the same model on the full batch of 48 in this kernel, on one process, with the
         same steps. By hand, DDP and ZeRO-2 must all land on these parameters, on every rank.
         """
     ),

@@ -128,7 +128,7 @@ CELLS = [
 
         import torch
 
-        WORLD = 4
+        WORLD = 4  # the sweep starts its own ranks, apart from the %%dist ones: try 2 or 8
         BACKEND = "nccl" if torch.cuda.device_count() >= WORLD else "gloo"  # gloo here
         print(f"{WORLD} ranks, backend {BACKEND}, {os.cpu_count()} CPU cores")
         rows = bench.sweep(["all_reduce", "reduce_scatter", "all_gather"], "4K:4M", [WORLD],

@@ -58,7 +58,7 @@ CELLS = [
         """
         ### Step 1: your machine's alpha and beta
 
-        A quick all_reduce sweep on these 4 ranks, fitted as in notebook 11 (a few seconds). On a
+        A quick all_reduce sweep on 4 ranks of this machine, fitted as in notebook 11 (a few seconds). On a
         busy machine the fit can come out negative or infinite (noise larger than the effect),
         so for the bandwidth we read the largest size's bus bandwidth directly:
         """
@@ -67,8 +67,9 @@ CELLS = [
         """
         from distlab import bench
 
-        rows = bench.sweep(["all_reduce"], "4K:4M", [4], iters=10, progress=False)
-        print("alpha-beta fit:", bench.fits(rows)[("all_reduce", 4)])
+        WORLD = 4  # the sweep starts its own ranks, apart from the %%dist ones
+        rows = bench.sweep(["all_reduce"], "4K:4M", [WORLD], iters=10, progress=False)
+        print("alpha-beta fit:", bench.fits(rows)[("all_reduce", WORLD)])
         largest = max(rows, key=lambda r: r["size"])
         here = largest["busbw"] * 1e9  # bytes per second: the largest size is bandwidth-bound
         print(f"bus bandwidth here at {largest['size'] / 2**20:.0f} MiB: {largest['busbw']:.2f} GB/s")
@@ -231,15 +232,15 @@ CELLS = [
     ),
     md(
         """
-        Sharded memory, in miniature: 4 ranks, a "model" of 8 numbers. With ZeRO-3 each rank
-        keeps 2 of them and all_gathers the rest only when a layer needs them.
+        Sharded memory, in miniature: a "model" of 2 numbers per rank (8 on 4 ranks). With
+        ZeRO-3 each rank keeps its 2 and all_gathers the rest only when a layer needs them.
         """
     ),
     dist(
         """
         from distlab.compat import all_gather_single
 
-        full = torch.arange(8.0, device=device)  # the model: 8 parameters
+        full = torch.arange(2.0 * world_size, device=device)  # the model: 8 parameters on 4 ranks
         per_rank = full.numel() // world_size
         shard = full[rank * per_rank:(rank + 1) * per_rank].clone()  # what ZeRO-3 keeps
         gathered = torch.empty_like(full)
