@@ -40,7 +40,7 @@ def test_a_picture_before_the_first_code_cell(stem: str) -> None:
 
 
 def test_every_linked_image_exists() -> None:
-    for path in NOTEBOOKS.glob("*.ipynb"):
+    for path in NOTEBOOKS.rglob("*.ipynb"):
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "markdown":
                 for link in LINK.findall(cell.source):

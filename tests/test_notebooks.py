@@ -127,15 +127,17 @@ def with_rank_count(nb: nbformat.NotebookNode, world_size: int) -> int:
     return changed
 
 
-def _run_clean(stem: str, world_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def _run_clean(stem: str, world_size: int, monkeypatch: pytest.MonkeyPatch,
+               folder: Path = NOTEBOOKS) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
 
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    nb = _read(stem)
+    monkeypatch.delenv("DISTLAB_LANG", raising=False)  # each edition's folder chooses its language
+    nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
     if world_size != 4:
         assert with_rank_count(nb, world_size) > 0, f"{stem}: no `-n 4` to change"
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+                            resources={"metadata": {"path": str(folder)}})
     client.execute()  # raises CellExecutionError on an error in a cell not tagged raises-exception
 
     for cell in _code_cells(nb):
@@ -148,6 +150,7 @@ def _run_clean(stem: str, world_size: int, monkeypatch: pytest.MonkeyPatch) -> N
             assert errors[0].ename in EXPECTED_FAILURES, f"{errors[0].ename} in {where}"
         else:
             assert not errors, f"error output in {where}"
+    return nb
 
 
 @pytest.mark.slow
@@ -172,3 +175,15 @@ def test_rank_count_substitution_reaches_every_default_cell() -> None:
     sources = [c.source for c in _code_cells(nb)]
     assert not any("-n 4" in s for s in sources)
     assert any(s.startswith("%%dist -n 2") for s in sources), "a deliberate -n 2 stays"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_chinese_notebook_runs_clean(stem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Chinese edition runs like the English one, and the kit answers in Chinese there."""
+    nb = _run_clean(stem, 4, monkeypatch, NOTEBOOKS / "zh")
+    shown = "".join(o.get("text", "") for c in _code_cells(nb) for o in c.outputs)
+    assert "自测通过" in shown and "self-check passed" not in shown, "the self-check speaks Chinese"
+    for cell in _code_cells(nb):
+        for error in (o for o in cell.outputs if o.output_type == "error"):
+            assert re.search(r"[\u4e00-\u9fff]", error.evalue), f"an English error in {stem}: {error.evalue}"

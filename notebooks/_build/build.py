@@ -1,7 +1,15 @@
-"""Write notebooks/NN_*.ipynb from the chapter modules next to this file.
+"""Write both editions of the course from the chapter modules next to this file.
 
-Run from anywhere:  .venv/bin/python notebooks/_build/build.py
-With --check it writes nothing and exits 1 if a committed notebook differs from its source.
+English: notebooks/NN_*.ipynb, from the chapter modules. Chinese: notebooks/zh/NN_*.ipynb, the
+same cells with every markdown cell replaced by its entry in notebooks/_build/zh/NN_*.md (see
+distlab.edition). Code cells are the same objects in both.
+
+    .venv/bin/python notebooks/_build/build.py            write every notebook
+    .venv/bin/python notebooks/_build/build.py --check    write nothing; exit 1 if a committed
+                                                          notebook differs from its source or a
+                                                          translation is missing or stale
+    .venv/bin/python notebooks/_build/build.py --todo 03  print catalogue stubs (the English
+                                                          text under its key) still to translate
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 NOTEBOOKS = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(NOTEBOOKS.parent / "src"))
+
+from distlab.edition import Catalogue, stubs, translate_cells  # noqa: E402
 
 CHAPTERS = [
     "ch00_welcome",
@@ -31,40 +42,64 @@ CHAPTERS = [
     "ch11_measuring",
     "ch12_cost_at_scale",
 ]
+EDITIONS = {"en": NOTEBOOKS, "zh": NOTEBOOKS / "zh"}
 
 
-def render(module_name: str) -> tuple[Path, str]:
+def catalogue_path(stem: str, lang: str) -> Path:
+    return HERE / lang / f"{stem}.md"
+
+
+def render(module_name: str, lang: str = "en") -> tuple[Path, str, str]:
+    """(where the notebook goes, its text, what is wrong with its translation or '')."""
     from nbkit import notebook
 
     mod = importlib.import_module(module_name)
-    nb = notebook(mod.STEM, mod.CELLS)
-    return NOTEBOOKS / f"{mod.STEM}.ipynb", nbformat.writes(nb) + "\n"
+    cells, problem = mod.CELLS, ""
+    if lang != "en":
+        catalogue = Catalogue.load(catalogue_path(mod.STEM, lang))
+        cells, problems = translate_cells(cells, catalogue)
+        problem = problems.describe(catalogue.path.relative_to(NOTEBOOKS.parent)) if problems else ""
+    nb = notebook(mod.STEM, cells)
+    if lang != "en":
+        nb.metadata["distlab"] = {"lang": lang}
+    return EDITIONS[lang] / f"{mod.STEM}.ipynb", nbformat.writes(nb) + "\n", problem
+
+
+def todo(module_name: str, lang: str = "zh") -> str:
+    mod = importlib.import_module(module_name)
+    _, problems = translate_cells(mod.CELLS, Catalogue.load(catalogue_path(mod.STEM, lang)))
+    return stubs(problems.missing) if problems.missing else ""
 
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     only = [a for a in argv if not a.startswith("-")]
-    stale = []
-    for name in CHAPTERS:
-        if only and not any(name.startswith(o) or name[2:].startswith(o) for o in only):
-            continue
-        try:
-            path, text = render(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            print(f"skip {name}: not written yet")
-            continue
-        if check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(path.name)
-        else:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(NOTEBOOKS.parent)}")
+    chosen = [n for n in CHAPTERS
+              if not only or any(n.startswith(o) or n[2:].startswith(o) for o in only)]
+    if "--todo" in argv:
+        for name in chosen:
+            sys.stdout.write(todo(name))
+        return 0
+    stale, untranslated = [], []
+    for lang, folder in EDITIONS.items():
+        for name in chosen:
+            path, text, problem = render(name, lang)
+            if problem:
+                untranslated.append(problem)
+                continue
+            if check:
+                if not path.exists() or path.read_text(encoding="utf-8") != text:
+                    stale.append(str(path.relative_to(NOTEBOOKS)))
+            else:
+                folder.mkdir(exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+                print(f"wrote {path.relative_to(NOTEBOOKS.parent)}")
+    if untranslated:
+        print("translations missing or stale (fill them in; `--todo NN` prints stubs):")
+        print("\n".join(untranslated))
     if stale:
         print("out of date (run notebooks/_build/build.py):", ", ".join(stale))
-        return 1
-    return 0
+    return 1 if stale or untranslated else 0
 
 
 if __name__ == "__main__":

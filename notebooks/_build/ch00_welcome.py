@@ -265,7 +265,7 @@ CELLS = [
         ## Self-check
 
         Predict each rank's value of `x * x`, compute the list in the kernel, then check it
-        against the ranks. The cell passes silently when you are right.
+        against the ranks. The cell prints "self-check passed" when you are right.
         """
     ),
     dist(
@@ -275,10 +275,12 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         got = %dist_pull sq
         expected = [(11 * r) ** 2 for r in range(len(got))]  # x was 11 * rank
         assert got == expected, (got, expected)
-        print("self-check passed:", got)
+        passed(got)
         """
     ),
     md(

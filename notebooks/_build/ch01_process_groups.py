@@ -309,6 +309,8 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         pulled = %dist_pull s
         world = range(len(pulled))
         expected = [sum(q for q in world if q % 2 == r % 2) for r in world]
@@ -316,7 +318,7 @@ CELLS = [
         assert got == expected, (got, expected)
         assert lines == [f"{m}: rank {r} of 2, sum 3" for r in range(2)
                          for m in ("file", "tcp", "env")], lines
-        print("self-check passed:", got)
+        passed(got)
         """
     ),
     md(

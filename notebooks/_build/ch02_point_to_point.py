@@ -278,6 +278,8 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         def ring_tokens(n):
             tokens = [0] * n
             value = 1  # rank 0 starts at 1
@@ -291,7 +293,7 @@ CELLS = [
         pulled = %dist_pull token
         got = [t.item() for t in pulled]
         assert got == ring_tokens(len(got)), (got, ring_tokens(len(got)))
-        print("self-check passed:", got)
+        passed(got)
         """
     ),
     md(

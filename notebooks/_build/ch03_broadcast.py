@@ -190,13 +190,15 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         pulled = %dist_pull check
         expected = [[100.0] * 3 for _ in pulled]
         got = [t.tolist() for t in pulled]
         assert got == expected, got
         configs = %dist_pull config
         assert all(c == {"lr": 0.01, "batch_size": 32, "run": "exp-7"} for c in configs)
-        print("self-check passed")
+        passed()
         """
     ),
     md(

@@ -83,7 +83,7 @@ CELLS = [
     ),
     md(
         """
-        Rank 0 holds `[10, 100]`. The other ranks hold whatever the algorithm left behind (with
+        On 4 ranks, rank 0 holds `[10, 100]`. The other ranks hold whatever the algorithm left behind (with
         gloo here: partial sums). That is an implementation detail: on another backend or
         version it differs. **Only read the result on `dst`.**
 
@@ -223,6 +223,8 @@ CELLS = [
         import functools
         import operator
 
+        from distlab.i18n import passed
+
         results = %dist_pull results
         values = [r + 1 for r in range(len(results))]
         expected = {
@@ -238,7 +240,7 @@ CELLS = [
         for got in results:  # every rank has every result
             for name, value in got.items():
                 assert value == expected[name], (name, value, expected[name])
-        print("self-check passed:", results[0])
+        passed(results[0])
         """
     ),
     md(

@@ -202,6 +202,8 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         pulled = %dist_pull gathered
         world = range(len(pulled))  # one entry per rank
         expected = [v for r in world for v in (10.0 * r, 10.0 * r + 1)]
@@ -214,7 +216,7 @@ CELLS = [
 
         totals = %dist_pull total_seen
         assert totals == [sum(32 * (r + 1) for r in world)] * len(world)
-        print("self-check passed")
+        passed()
         """
     ),
     md(

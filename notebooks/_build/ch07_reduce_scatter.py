@@ -186,6 +186,8 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         pulled = %dist_pull shard
         n, k = len(pulled), 2  # ranks, elements per shard
         total = [sum(float(j * (r + 1)) for r in range(n)) for j in range(n * k)]  # sum over ranks
@@ -195,7 +197,7 @@ CELLS = [
         totals = %dist_pull my_total
         # department i: (i + 1) * (1 + 2 + ... + n)
         assert [t.item() for t in totals] == [(i + 1.0) * n * (n + 1) / 2 for i in range(n)]
-        print("self-check passed:", got)
+        passed(got)
         """
     ),
     md(

@@ -196,6 +196,8 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         received = %dist_pull received
         n = len(received)  # the number of ranks
         expected_received = [[10.0 * r + j for r in range(n)] for j in range(n)]
@@ -211,7 +213,7 @@ CELLS = [
         assert [h.flatten().tolist() for h in heads] == [
             [100.0 * s + h for s in range(2 * n)] for h in range(n)
         ]
-        print("self-check passed")
+        passed()
         """
     ),
     md(

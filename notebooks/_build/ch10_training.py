@@ -322,7 +322,8 @@ CELLS = [
         """
         Read the picture from the right: backward runs from layer 5 down to layer 0, and the
         bucket holding the last layers is all-reduced while the first layers are still
-        computing. That overlap is what makes DDP's communication nearly free on GPUs.
+        computing. On GPUs that overlap can hide most of DDP's communication, as long as the
+        backward takes longer than the all_reduces (notebook 12 computes when it does).
 
         ### Sharding: ZeRO and FSDP
 
@@ -445,6 +446,8 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         single = make_model()
         opt = torch.optim.SGD(single.parameters(), lr=LR)
         for _ in range(STEPS):
@@ -464,7 +467,7 @@ CELLS = [
         assert buckets[0] == [[3168], [1056, 1056, 1056], [1056, 1056, 1056]], buckets[0]
         fsdp = %dist_pull fsdp_ok
         assert all(fsdp)
-        print("self-check passed: by hand = DDP = ZeRO-2 = one process on the full batch")
+        passed(note="by hand = DDP = ZeRO-2 = one process on the full batch")
         """
     ),
     md(

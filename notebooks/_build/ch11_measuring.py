@@ -43,7 +43,7 @@ CELLS = [
         reference benchmark, warms up and repeats the same way, but by default it reports the
         *average* over ranks; its option `-a 3` reports the maximum, which is what this kit
         reports. On a quiet GPU cluster the two are close; on 4 ranks sharing 2 CPU cores they
-        are not.)
+        can differ a lot.)
 
         The benchmark all-reduces a buffer of ones, over and over. Here is one call, to see what
         it does to the buffers:
@@ -75,8 +75,8 @@ CELLS = [
         ### Latency: ping-pong
 
         Rank 0 sends one number to rank 1, which sends it back: one round trip is two
-        messages, so the one-way latency is half the round-trip time. Ranks 2 and 3 skip this
-        cell's loop and finish at once, so they do not compete for the CPU.
+        messages, so the one-way latency is half the round-trip time. The other ranks skip
+        this cell's loop and finish at once, so they do not compete for the CPU.
         """
     ),
     dist(
@@ -261,9 +261,11 @@ CELLS = [
     ),
     code(
         """
+        from distlab.i18n import passed
+
         oks = %dist_pull composed_ok
         assert all(oks), oks
-        print("self-check passed: the table's arithmetic holds and reduce_scatter + all_gather is an all_reduce")
+        passed(note="the table's arithmetic holds and reduce_scatter + all_gather is an all_reduce")
         """
     ),
     md(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from distlab.i18n import tr
 from distlab.protocol import RankFailure
 from distlab.report import format_failures, format_stacks
 
@@ -33,7 +34,7 @@ class RankError(DistlabError):
     @classmethod
     def from_failures(cls, failures: Sequence[RankFailure], world_size: int, note: str = "") -> RankError:
         ranks = sorted({f.rank for f in failures})
-        message = f"{len(ranks)} of {world_size} ranks failed"
+        message = tr("{failed} of {n} ranks failed", failed=len(ranks), n=world_size)
         first = failures[0]
         message += f" (rank {first.rank}: {first.exc_type}: {first.message})" if first.message else (
             f" (rank {first.rank}: {first.exc_type})")
@@ -118,10 +119,8 @@ class BackendUnavailable(DistlabError, ValueError):
 
     @classmethod
     def nccl_needs_gpus(cls, world_size: int, gpus: int) -> BackendUnavailable:
-        return cls(
-            f"--backend nccl needs one GPU per rank: {world_size} ranks but {gpus} GPU(s) visible. "
-            "Use --backend gloo to run on the CPU, or fewer ranks."
-        )
+        return cls(tr("--backend nccl needs one GPU per rank: {n} ranks but {gpus} GPU(s) visible. "
+                      "Use --backend gloo to run on the CPU, or fewer ranks.", n=world_size, gpus=gpus))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), self.args)

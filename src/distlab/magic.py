@@ -18,6 +18,7 @@ from IPython.display import publish_display_data
 
 from distlab.backends import BACKENDS, resolve_backend
 from distlab.errors import BackendUnavailable
+from distlab.i18n import tr
 from distlab.pool import Pool, PrintSink
 from distlab.report import parse_ranks
 
@@ -57,8 +58,9 @@ class Session:
         if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend):
             return pool
         if pool is not None and pool.used:  # a warm pool that ran nothing needs no announcement
-            print(f"distlab: restarting the pool with {world_size} ranks ({backend}); it had "
-                  f"{pool.world_size} ({pool.requested_backend}). Variables on the old ranks are gone.")
+            print(tr("distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
+                     "Variables on the old ranks are gone.", n=world_size, backend=backend,
+                     old=pool.world_size, old_backend=pool.requested_backend))
         if pool is not None:
             pool.stop()
         self.pool = Pool(world_size, backend, sink=NotebookSink())
@@ -84,7 +86,7 @@ def _check_world_size(value: int | None, default: int) -> int:
     if value is None:
         return default
     if not 1 <= value <= MAX_WORLD_SIZE:
-        raise UsageError(f"-n must be between 1 and {MAX_WORLD_SIZE}, got {value}")
+        raise UsageError(tr("-n must be between 1 and {most}, got {value}", most=MAX_WORLD_SIZE, value=value))
     return value
 
 
@@ -136,7 +138,7 @@ class DistMagics(Magics):
         """
         world_size, backend, args = _pool_options(self.dist, line)
         if args.timeout <= 0:
-            raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+            raise UsageError(tr("--timeout must be positive, got {value}", value=f"{args.timeout:g}"))
         ranks = None
         if args.ranks is not None:
             try:
@@ -161,30 +163,30 @@ class DistMagics(Magics):
         world_size, backend, _ = _pool_options(self.dist_start, line)
         pool = session().pool_for(world_size, backend)
         pool.ensure_ready()
-        print(f"distlab: {pool.world_size} ranks ready ({pool.backend})")
+        print(tr("distlab: {n} ranks ready ({backend})", n=pool.world_size, backend=pool.backend))
 
     @line_magic
     def dist_stop(self, line: str) -> None:
         """Stop every rank; the next ``%%dist`` cell starts fresh ones."""
         session().close()
-        print("distlab: pool stopped")
+        print(tr("distlab: pool stopped"))
 
     @line_magic
     def dist_restart(self, line: str) -> None:
         """Replace every rank with a fresh one (all rank variables are lost)."""
         pool = session().pool
         if pool is None:
-            raise UsageError("no pool is running: run a %%dist cell or %dist_start first")
+            raise UsageError(tr("no pool is running: run a %%dist cell or %dist_start first"))
         pool.restart()
         pool.ensure_ready()
-        print(f"distlab: pool restarted, {pool.world_size} fresh ranks ({pool.backend})")
+        print(tr("distlab: pool restarted, {n} fresh ranks ({backend})", n=pool.world_size, backend=pool.backend))
 
     @line_magic
     def dist_status(self, line: str) -> None:
         """World size, backend, and each rank's pid and state."""
         pool = session().pool
         if pool is None:
-            print("distlab: no pool (the first %%dist cell starts one)")
+            print(tr("distlab: no pool (the first %%dist cell starts one)"))
             return
         print(f"distlab: {pool.world_size} ranks, backend {pool.backend}, generation {pool.generation}, "
               f"restarts {pool.restarts}")
@@ -214,14 +216,14 @@ class DistMagics(Magics):
         user_ns = self.shell.user_ns if self.shell is not None else {}
         for name in args.names:
             if name not in user_ns:
-                raise UsageError(f"{name!r} is not defined in the kernel")
+                raise UsageError(tr("{name} is not defined in the kernel", name=repr(name)))
         for name in args.names:
             pool.push(name, user_ns[name], ranks)
 
     def _running(self) -> Pool:
         pool = session().pool
         if pool is None:
-            raise UsageError("no pool is running: run a %%dist cell or %dist_start first")
+            raise UsageError(tr("no pool is running: run a %%dist cell or %dist_start first"))
         return pool
 
     @staticmethod

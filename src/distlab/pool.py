@@ -28,6 +28,7 @@ from distlab import codeship, protocol
 from distlab.backends import resolve_backend
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
 from distlab.hub import Hub
+from distlab.i18n import tr
 from distlab.protocol import Display, Done, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
 from distlab.report import format_failures, format_stacks, rank_label
 
@@ -177,11 +178,11 @@ class Pool:
                 self._kill()
                 detail = "\n".join(f"rank {r}: {text}" for r, text in sorted(errors.items()))
                 detail += "".join(f"\nrank {r} exited with code {c}" for r, c in sorted(exits.items()))
-                raise PoolDied(f"the ranks could not start their process group ({self.backend}):\n"
-                               f"{detail or self.hub.launcher_log()}")
+                raise PoolDied(tr("the ranks could not start their process group ({backend}):\n{detail}",
+                                  backend=self.backend, detail=detail or self.hub.launcher_log()))
             if time.monotonic() > deadline:
                 self._kill()
-                raise PoolDied(f"the ranks did not start within {timeout:.0f} s")
+                raise PoolDied(tr("the ranks did not start within {seconds} s", seconds=f"{timeout:.0f}"))
 
     def stop(self) -> None:
         """Ask ranks to leave; kill any that do not within a second."""
@@ -324,8 +325,8 @@ class Pool:
         self.restarts += 1
         if self.eager_restart:
             self.start()
-        return (f"Rank state was lost: every rank was stopped and the pool restarted with "
-                f"{self.world_size} fresh ranks ({self.backend}).")
+        return tr("Rank state was lost: every rank was stopped and the pool restarted with {n} fresh "
+                  "ranks ({backend}).", n=self.world_size, backend=self.backend)
 
 
 def _still_open(conn: Connection) -> bool:
@@ -435,18 +436,21 @@ class _Waiter:
             if self.interrupted_at is not None:
                 report = format_stacks(stacks, cell_lines)
                 raise CellInterrupted(
-                    f"interrupted; {rank_label(stuck)} did not stop within {INTERRUPT_GRACE:.0f} s and were killed",
+                    tr("interrupted; {ranks} did not stop within {grace} s and were killed",
+                       ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}"),
                     "\n".join(filter(None, [format_failures(failures) if failures else "", report, note])))
             if self.reason == "deadline" and not failures:
-                reason = (f"the cell ran past its {timeout:g} s deadline: {rank_label(stuck)} still running "
-                          f"(a deadlock, or raise --timeout)")
+                reason = tr("the cell ran past its {timeout} s deadline: {ranks} still running "
+                            "(a deadlock, or raise --timeout)", timeout=f"{timeout:g}", ranks=rank_label(stuck))
             else:
                 bad = sorted({f.rank for f in failures})
-                reason = (f"{rank_label(bad)} failed and {rank_label(stuck)} hung waiting for "
-                          f"{'it' if len(bad) == 1 else 'them'} (stopped {HANG_GRACE:g} s later)")
+                template = ("{bad} failed and {stuck} hung waiting for it (stopped {grace} s later)"
+                            if len(bad) == 1 else
+                            "{bad} failed and {stuck} hung waiting for them (stopped {grace} s later)")
+                reason = tr(template, bad=rank_label(bad), stuck=rank_label(stuck), grace=f"{HANG_GRACE:g}")
             raise RankTimeout.hung(reason, stacks, failures, cell_lines, note)
         if self.interrupted_at is not None:
-            raise CellInterrupted("interrupted: every rank stopped",
+            raise CellInterrupted(tr("interrupted: every rank stopped"),
                                   format_failures(failures) if failures else "")
         if failures:
             note = pool.fresh_start() if self.lost else ""
@@ -456,13 +460,13 @@ class _Waiter:
 
 def crash_failure(rank: int, code: int | None) -> RankFailure:
     if code is None:
-        message = "the rank process ended (exit status unknown)"
+        message = tr("the rank process ended (exit status unknown)")
     elif code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        message = f"the rank process was killed by {name}"
+        message = tr("the rank process was killed by {signal}", signal=name)
     else:
-        message = f"the rank process exited with code {code}"
+        message = tr("the rank process exited with code {code}", code=code)
     return RankFailure(rank, "RankCrashed", message, exitcode=code if code is not None else -1)

@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from distlab.i18n import tr
+
 if TYPE_CHECKING:
     from distlab.protocol import RankFailure
 
@@ -35,15 +37,16 @@ def parse_ranks(text: str, world_size: int) -> tuple[int, ...]:
     for part in text.replace(" ", "").split(","):
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not match:
-            raise ValueError(f"--ranks expects a list like 0,2 or 1-3, got {text!r}")
+            raise ValueError(tr("--ranks expects a list like 0,2 or 1-3, got {text}", text=repr(text)))
         low = int(match.group(1))
         high = int(match.group(2)) if match.group(2) else low
         if high < low:
-            raise ValueError(f"--ranks range {part!r} is backwards")
+            raise ValueError(tr("--ranks range {part} is backwards", part=repr(part)))
         ranks.update(range(low, high + 1))
     bad = sorted(r for r in ranks if r >= world_size)
     if bad:
-        raise ValueError(f"--ranks {text}: rank {bad[0]} does not exist with {world_size} ranks (0-{world_size - 1})")
+        raise ValueError(tr("--ranks {text}: rank {rank} does not exist with {n} ranks (0-{last})",
+                            text=text, rank=bad[0], n=world_size, last=world_size - 1))
     return tuple(sorted(ranks))
 
 
@@ -63,7 +66,7 @@ def format_failures(failures: Sequence[RankFailure]) -> str:
             lines.append(f"{failure.exc_type}: {failure.message}")
         else:
             if failure.lineno is not None and failure.line:
-                lines.append(f"at cell line {failure.lineno}: {failure.line.strip()}")
+                lines.append(tr("at cell line {line}: {text}", line=failure.lineno, text=failure.line.strip()))
             lines.append(failure.traceback.rstrip() or f"{failure.exc_type}: {failure.message}")
         texts[failure.rank] = "\n".join(lines)
     blocks = []
@@ -106,7 +109,7 @@ def format_stack(dump: str, cell_lines: dict[str, list[str]]) -> tuple[str, str]
     """(where the rank waits, as a short headline; the stack, outermost first, with cell lines)."""
     frames = stack_frames(dump)
     if not frames:
-        return "no Python stack (the rank did not answer)", dump.strip()
+        return tr("no Python stack (the rank did not answer)"), dump.strip()
     rendered = []
     headline = ""
     for filename, lineno, func in frames:
@@ -115,7 +118,7 @@ def format_stack(dump: str, cell_lines: dict[str, list[str]]) -> tuple[str, str]
         if source and 0 < lineno <= len(source):
             text = source[lineno - 1].strip()
             rendered.append(f"    {text}")
-            headline = f"cell line {lineno}: {text}"
+            headline = tr("cell line {line}: {text}", line=lineno, text=text)
     if not headline:
         filename, lineno, func = frames[-1]
         headline = f"{func} ({filename}:{lineno})"
@@ -127,5 +130,5 @@ def format_stacks(stacks: dict[int, str], cell_lines: dict[str, list[str]]) -> s
     by_rank = {}
     for rank, dump in stacks.items():
         headline, stack = format_stack(dump, cell_lines)
-        by_rank[rank] = f"waiting at {headline}\n{stack}"
+        by_rank[rank] = tr("waiting at {where}", where=headline) + f"\n{stack}"
     return "\n".join(f"--- {rank_label(ranks)} ---\n{text}" for ranks, text in _group(by_rank))

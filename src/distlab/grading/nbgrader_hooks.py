@@ -19,9 +19,11 @@ from nbformat.v4 import new_output
 from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 from traitlets import Float, List, Unicode
 
+from distlab.edition import language_of
 from distlab.grading.catalog import entry
 from distlab.grading.extract import solution_source
 from distlab.grading.spec import DEFAULT_PART_TIMEOUT, SubmissionResult, source_digest
+from distlab.i18n import tr
 
 _SESSIONS: dict[tuple[Any, ...], Any] = {}
 
@@ -56,6 +58,7 @@ class TrustedExecute(NbGraderPreprocessor):
                 self.log.info("Grading %s in fresh rank processes", info["student"])
                 result = self._session().grade(known.assignment, source)
         parts = result.by_grade_id() if result else {}
+        lang = language_of(nb)  # feedback in the language the student was given the exercise in
         count = 0
         for cell in nb.cells:
             if cell.cell_type != "code":
@@ -69,10 +72,11 @@ class TrustedExecute(NbGraderPreprocessor):
             cell.execution_count = count
             part = parts.get(grade.get("grade_id"))
             if part is None:
-                cell.outputs = [_error("NoTrustedCheck", "the grader has no check for this cell")]
+                cell.outputs = [_error("NoTrustedCheck", tr("the grader has no check for this cell", lang))]
             elif part.passed:
                 cell.outputs = [new_output("stream", name="stdout",
-                                           text=f"passed ({part.cases} cases, checked by the grader)\n")]
+                                           text=tr("passed ({cases} cases, checked by the grader)", lang,
+                                                   cases=part.cases) + "\n")]
             else:
                 cell.outputs = [_error("PartFailed", part.message)]
         return nb, resources

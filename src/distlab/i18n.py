@@ -1,0 +1,107 @@
+"""The messages a learner reads from the kit, in the edition they chose (English by default).
+
+Why English templates as keys: the English stays readable where it is used (``tr("rank {rank}
+failed", rank=3)``), a message without a translation falls back to English instead of failing,
+and tests/test_editions.py finds every ``tr(...)`` in the source and checks that the Chinese
+catalogue below translates it with the same ``{fields}``.
+
+The edition is chosen by ``DISTLAB_LANG`` (``make lab LANG=zh`` sets it for JupyterLab and its
+kernels), or, when that is unset, by where the notebook runs: a kernel started in the course's
+``notebooks/zh/`` folder speaks Chinese.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LANGUAGES = ("en", "zh")
+
+
+def language() -> str:
+    """'zh' or 'en': the environment's choice, else the edition of the notebook folder."""
+    chosen = os.environ.get("DISTLAB_LANG", "").strip().lower()[:2]
+    if chosen in LANGUAGES:
+        return chosen
+    try:
+        here = Path.cwd()
+    except OSError:
+        return "en"
+    if here.name == "zh" and (here.parent / "00_welcome.ipynb").exists():
+        return "zh"
+    return "en"
+
+
+def tr(template: str, lang: str | None = None, /, **fields: object) -> str:
+    """``template`` in the chosen language, with ``fields`` filled in."""
+    lang = lang or language()
+    text = ZH.get(template, template) if lang == "zh" else template
+    return text.format(**fields) if fields else text
+
+
+def passed(*values: object, note: str = "") -> None:
+    """Print a notebook self-check's success line in the learner's language."""
+    head = tr("self-check passed")
+    tail = " ".join(str(v) for v in ([tr(note)] if note else []) + list(values))
+    print(f"{head}: {tail}" if tail else head)
+
+
+ZH: dict[str, str] = {
+    # notebook self-checks
+    "self-check passed": "自测通过",
+    "by hand = DDP = ZeRO-2 = one process on the full batch":
+        "手写版 = DDP = ZeRO-2 = 单进程全 batch 训练",
+    "the table's arithmetic holds and reduce_scatter + all_gather is an all_reduce":
+        "表格的算术成立，reduce_scatter + all_gather 就是一次 all_reduce",
+    # the cell magic: what it prints
+    "distlab: {n} ranks ready ({backend})": "distlab：{n} 个 rank 已就绪（{backend}）",
+    "distlab: pool stopped": "distlab：rank 池已停止",
+    "distlab: pool restarted, {n} fresh ranks ({backend})":
+        "distlab：rank 池已重启，{n} 个全新的 rank（{backend}）",
+    "distlab: no pool (the first %%dist cell starts one)":
+        "distlab：没有 rank 池（第一个 %%dist 单元格会启动一个）",
+    "distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
+    "Variables on the old ranks are gone.":
+        "distlab：用 {n} 个 rank（{backend}）重启 rank 池；原来是 {old} 个（{old_backend}）。"
+        "旧 rank 上的变量都没了。",
+    # the cell magic: wrong options
+    "-n must be between 1 and {most}, got {value}": "-n 必须在 1 到 {most} 之间，收到的是 {value}",
+    "--timeout must be positive, got {value}": "--timeout 必须为正数，收到的是 {value}",
+    "no pool is running: run a %%dist cell or %dist_start first":
+        "没有正在运行的 rank 池：先运行一个 %%dist 单元格或 %dist_start",
+    "{name} is not defined in the kernel": "内核里没有定义 {name}",
+    "--ranks expects a list like 0,2 or 1-3, got {text}": "--ranks 需要 0,2 或 1-3 这样的列表，收到的是 {text}",
+    "--ranks range {part} is backwards": "--ranks 的范围 {part} 写反了",
+    "--ranks {text}: rank {rank} does not exist with {n} ranks (0-{last})":
+        "--ranks {text}：共 {n} 个 rank（0-{last}），不存在 rank {rank}",
+    # failures and hangs
+    "{failed} of {n} ranks failed": "{n} 个 rank 中有 {failed} 个失败",
+    "the cell ran past its {timeout} s deadline: {ranks} still running (a deadlock, or raise --timeout)":
+        "单元格超过了 {timeout} 秒的截止时间：{ranks} 仍在运行（死锁，或者调大 --timeout）",
+    "{bad} failed and {stuck} hung waiting for it (stopped {grace} s later)":
+        "{bad} 失败了，{stuck} 因等待它而卡住（{grace} 秒后被停止）",
+    "{bad} failed and {stuck} hung waiting for them (stopped {grace} s later)":
+        "{bad} 失败了，{stuck} 因等待它们而卡住（{grace} 秒后被停止）",
+    "interrupted; {ranks} did not stop within {grace} s and were killed":
+        "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
+    "interrupted: every rank stopped": "已中断：每个 rank 都已停止",
+    "Rank state was lost: every rank was stopped and the pool restarted with {n} fresh ranks ({backend}).":
+        "rank 上的状态已丢失：每个 rank 都被停止，rank 池已用 {n} 个全新的 rank 重启（{backend}）。",
+    "the rank process ended (exit status unknown)": "rank 进程结束了（退出状态未知）",
+    "the rank process was killed by {signal}": "rank 进程被 {signal} 杀死",
+    "the rank process exited with code {code}": "rank 进程以退出码 {code} 退出",
+    "waiting at {where}": "等待于 {where}",
+    "at cell line {line}: {text}": "在单元格第 {line} 行：{text}",
+    "cell line {line}: {text}": "单元格第 {line} 行：{text}",
+    "no Python stack (the rank did not answer)": "没有 Python 调用栈（该 rank 没有响应）",
+    "the ranks could not start their process group ({backend}):\n{detail}":
+        "各个 rank 无法建立进程组（{backend}）：\n{detail}",
+    "the ranks did not start within {seconds} s": "各个 rank 没有在 {seconds} 秒内启动",
+    "--backend nccl needs one GPU per rank: {n} ranks but {gpus} GPU(s) visible. "
+    "Use --backend gloo to run on the CPU, or fewer ranks.":
+        "--backend nccl 要求每个 rank 一张 GPU：有 {n} 个 rank，但只看得到 {gpus} 张 GPU。"
+        "用 --backend gloo 在 CPU 上运行，或者减少 rank 数。",
+    # the grader's feedback
+    "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
+    "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",
+}

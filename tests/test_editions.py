@@ -1,0 +1,188 @@
+"""The Chinese edition: built from the English source, the same code, the glossary's terms.
+
+A Chinese reader relies on getting the same course: every notebook has its twin with the same
+cells and byte-identical code (so a fix lands in both), the same template, the terms of
+docs/glossary.md and none of the known mistranslations, and the kit's own messages in Chinese.
+An author relies on the build refusing an edition whose translation is missing or stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from distlab import edition, i18n
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+ZH = NOTEBOOKS / "zh"
+STEMS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+TEMPLATE_ZH = ["学习目标", "核心思想", "先预测，再运行", "常见陷阱", "自测", "小结", "下一步"]
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def _markdown(nb: nbformat.NotebookNode) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def _glossary() -> list[tuple[str, str, list[str]]]:
+    rows = []
+    for line in (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] and cells[0] not in ("English", "---"):
+            avoid = [w.strip() for w in cells[2].split(",") if w.strip()]
+            rows.append((cells[0], cells[1], avoid))
+    return rows
+
+
+def test_every_english_notebook_has_a_chinese_twin() -> None:
+    assert sorted(p.stem for p in ZH.glob("[0-9][0-9]_*.ipynb")) == STEMS
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_the_twin_has_the_same_cells_and_identical_code(stem: str) -> None:
+    en, zh = _read(NOTEBOOKS / f"{stem}.ipynb"), _read(ZH / f"{stem}.ipynb")
+    assert [c.cell_type for c in zh.cells] == [c.cell_type for c in en.cells]
+    assert [c.get("id") for c in zh.cells] == [c.get("id") for c in en.cells]
+    for a, b in zip(en.cells, zh.cells, strict=True):
+        if a.cell_type == "code":
+            assert b.source == a.source and b.metadata == a.metadata, f"{stem} {a.id}: code differs"
+        else:
+            assert CJK.search(b.source), f"{stem} {a.id}: markdown not translated"
+    assert zh.metadata["distlab"] == {"lang": "zh"}
+    assert edition.language_of(zh) == "zh" and edition.language_of(en) == "en"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_the_twin_follows_the_template(stem: str) -> None:
+    zh = _read(ZH / f"{stem}.ipynb")
+    headings = [m.group(1).strip() for c in zh.cells if c.cell_type == "markdown"
+                for m in re.finditer(r"^#{1,6}\s+(.+)$", c.source, flags=re.MULTILINE)]
+    assert headings[0].startswith(f"{stem[:2]} ·")
+    positions = [headings.index(h) for h in TEMPLATE_ZH]
+    assert positions == sorted(positions), f"{stem}: template headings out of order"
+    text = _markdown(zh)
+    assert "<details><summary>答案</summary>" in text and "<summary>Answer</summary>" not in text
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_links_reach_the_same_files(stem: str) -> None:
+    zh = _read(ZH / f"{stem}.ipynb")
+    links = re.findall(r"\]\(([^)\s]+)\)", _markdown(zh))
+    assert links
+    for link in links:
+        if not link.startswith(("http://", "https://", "#")):
+            assert (ZH / link).is_file(), f"{stem}: {link} does not exist"
+
+
+def test_the_glossary_is_parsed() -> None:
+    terms = {en: zh for en, zh, _ in _glossary()}
+    assert terms["rank"] == "rank" and terms["reduce"] == "归约" and terms["shard"] == "分片"
+    assert len(terms) >= 30
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_the_glossary_terms_are_used_and_mistranslations_are_not(stem: str) -> None:
+    english = _markdown(_read(NOTEBOOKS / f"{stem}.ipynb"))
+    chinese = _markdown(_read(ZH / f"{stem}.ipynb"))
+    prose = re.sub(r"`[^`]*`", "", english)  # code names are not prose terms
+    for en, zh, avoid in _glossary():
+        if re.search(rf"\b{re.escape(en)}s?\b", prose, flags=re.IGNORECASE):
+            assert zh in chinese, f"{stem}: '{en}' is in the English text, '{zh}' not in the Chinese"
+        for wrong in avoid:
+            assert wrong not in chinese, f"{stem}: '{wrong}' (the glossary says '{zh}')"
+    for wrong in ("等级", "排名", "世界大小", "减少", "规约"):
+        assert wrong not in chinese, f"{stem}: known mistranslation '{wrong}'"
+    for operator in ("全归约", "全收集", "归约散射"):  # operator names stay in English
+        assert operator not in chinese
+
+
+def test_a_changed_english_cell_is_reported_not_shipped(tmp_path: Path) -> None:
+    catalogue = tmp_path / "x.md"
+    catalogue.write_text(f"<!-- en:{edition.key('## Summary')} -->\n## 小结\n\n"
+                         f"<!-- en:{edition.key('old text')} -->\n旧的译文\n", encoding="utf-8")
+    cells = [nbformat.v4.new_markdown_cell("## Summary"), nbformat.v4.new_markdown_cell("new text"),
+             nbformat.v4.new_code_cell("x = 1  # code is never translated")]
+    out, problems = edition.translate_cells(cells, edition.Catalogue.load(catalogue))
+    assert out[0].source == "## 小结" and out[2].source == cells[2].source
+    assert problems.missing == ["new text"] and problems.unused == [edition.key("old text")]
+    assert "no translation" in problems.describe(catalogue) and "no longer" in problems.describe(catalogue)
+    assert edition.stubs(problems.missing).startswith(f"<!-- en:{edition.key('new text')} -->\nnew text")
+
+
+def test_the_build_check_fails_on_a_stale_translation(tmp_path: Path) -> None:
+    """Copy the build, make one catalogue stale, and --check must fail and say where."""
+    import shutil
+
+    work = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    catalogue = work / "_build" / "zh" / "03_broadcast.md"
+    text = catalogue.read_text(encoding="utf-8")
+    first = re.search(r"<!-- en:([0-9a-f]{10}) -->", text)
+    assert first
+    catalogue.write_text(text.replace(first.group(1), "0" * 10, 1), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(work / "_build" / "build.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "03_broadcast.md" in proc.stdout and "no translation" in proc.stdout
+
+
+def _tr_calls() -> list[tuple[str, str]]:
+    found = []
+    for path in (ROOT / "src" / "distlab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tr" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    found.append((path.name, first.value))
+                elif isinstance(first, ast.Name):  # a template chosen from literals above
+                    continue
+                else:
+                    raise AssertionError(f"{path.name}: tr() of a non-literal")
+    return found
+
+
+def _fields(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+def test_every_message_the_kit_shows_has_a_chinese_translation() -> None:
+    calls = _tr_calls()
+    assert len(calls) >= 25
+    for where, template in calls:
+        assert template in i18n.ZH, f"{where}: no Chinese for {template!r}"
+        assert _fields(i18n.ZH[template]) == _fields(template), f"{where}: fields differ: {template!r}"
+        assert CJK.search(i18n.ZH[template])
+    notes = re.findall(r'passed\(note="([^"]+)"\)', "".join(
+        c.source for p in NOTEBOOKS.glob("*.ipynb") for c in _read(p).cells if c.cell_type == "code"))
+    assert notes and all(n in i18n.ZH for n in notes)
+
+
+def test_the_language_is_chosen_by_environment_or_by_the_edition_folder(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("DISTLAB_LANG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert i18n.language() == "en"
+    monkeypatch.chdir(ZH)
+    assert i18n.language() == "zh"
+    i18n.passed([1, 2])
+    assert capsys.readouterr().out == "自测通过: [1, 2]\n"
+    monkeypatch.setenv("DISTLAB_LANG", "en")
+    assert i18n.language() == "en"
+    i18n.passed()
+    assert capsys.readouterr().out == "self-check passed\n"
+    monkeypatch.setenv("DISTLAB_LANG", "zh_CN.UTF-8")
+    assert i18n.tr("{failed} of {n} ranks failed", failed=1, n=4) == "4 个 rank 中有 1 个失败"
+    assert i18n.tr("{failed} of {n} ranks failed", "en", failed=1, n=4) == "1 of 4 ranks failed"
