@@ -10,6 +10,17 @@ STAMP  := $(VENV)/.distlab-installed
 LAB_PORT  ?= 8888
 LAB_FLAGS ?=
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+# The course's language: `make lab LANG=zh` (or EDITION=zh) opens the Chinese edition, notebooks/zh/,
+# and the kit's messages are in Chinese. LANG given on the command line names the edition; the
+# programs started here then get the neutral C.UTF-8 locale instead of an invalid "zh".
+ifeq ($(origin LANG),command line)
+ifeq ($(origin EDITION),undefined)
+EDITION := $(if $(filter zh%,$(LANG)),zh,en)
+endif
+override LANG := C.UTF-8
+endif
+EDITION ?= en
+EDITION_DIR := notebooks$(if $(filter zh,$(EDITION)),/zh)
 
 .PHONY: lab test check figures lint setup clean
 
@@ -29,10 +40,10 @@ $(STAMP): pyproject.toml
 
 lab: $(STAMP)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter_config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m jupyterlab \
+	$(if $(filter zh,$(EDITION)),DISTLAB_LANG=zh )PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m jupyterlab \
 	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  --ServerApp.root_dir="$(CURDIR)" \
-	  --LabApp.default_url=/lab/tree/notebooks/00_welcome.ipynb \
+	  --LabApp.default_url=/lab/tree/$(EDITION_DIR)/00_welcome.ipynb \
 	  --LabApp.news_url=None $(ROOT_FLAG) $(LAB_FLAGS)
 
 lint: $(STAMP)

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import nbformat
 
+from distlab.edition import LANGUAGES
 from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments, student_id
-from grader.release import normalise
+from grader.release import normalise, translate
 
 
 def _assignment_of(path: Path, wanted: str | None) -> str | None:
@@ -45,25 +46,37 @@ def _assignment_of(path: Path, wanted: str | None) -> str | None:
 
 # --- release --------------------------------------------------------------------------------------
 def cmd_release(args: argparse.Namespace) -> int:
-    """Regenerate exercises/<a>/<a>.ipynb from solutions/ with nbgrader (or --check they are current)."""
+    """Regenerate exercises/<a>/<a>.ipynb (and exercises/<lang>/<a>/ for each translation) from
+    solutions/ with nbgrader, or --check that they are current."""
     names = args.assignments or assignments()
+    langs = list(LANGUAGES) if args.lang == "all" else [args.lang]
     stale = []
     with tempfile.TemporaryDirectory(prefix="distlab-release-") as tmp:
         course = Course(Path(tmp))
         for name in names:
-            fresh = normalise(nbformat.read(course.prepare(name), as_version=4))
-            target = EXERCISES / name / f"{name}.ipynb"
-            text = nbformat.writes(fresh) + "\n"
-            if target.exists() and target.read_text() == text:
-                print(f"{name}: up to date")
-                continue
-            if args.check:
-                stale.append(name)
-                print(f"{name}: exercises/ differs from a fresh release")
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-            print(f"{name}: wrote {target.relative_to(EXERCISES.parent)}")
+            english = normalise(nbformat.read(course.prepare(name), as_version=4))
+            for lang in langs:
+                folder = EXERCISES if lang == "en" else EXERCISES / lang
+                fresh = english
+                if lang != "en":
+                    fresh, problem = translate(english, name, lang)
+                    if problem:
+                        stale.append(f"{lang}/{name}")
+                        print(f"{name} ({lang}): the translation is incomplete\n{problem}")
+                        continue
+                target = folder / name / f"{name}.ipynb"
+                shown = target.relative_to(EXERCISES.parent)
+                text = nbformat.writes(fresh) + "\n"
+                if target.exists() and target.read_text(encoding="utf-8") == text:
+                    print(f"{shown}: up to date")
+                    continue
+                if args.check:
+                    stale.append(f"{lang}/{name}")
+                    print(f"{shown}: differs from a fresh release")
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+                print(f"{shown}: written")
     return 1 if stale else 0
 
 
@@ -252,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     release = sub.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
     release.add_argument("assignments", nargs="*", help="default: every assignment in solutions/")
     release.add_argument("--check", action="store_true", help="only report (exit 1) if exercises/ is stale")
+    release.add_argument("--lang", choices=[*LANGUAGES, "all"], default="all",
+                         help="which edition: en (exercises/), zh (exercises/zh/), or all (default)")
     release.set_defaults(run=cmd_release)
 
     def course_option(p: argparse.ArgumentParser) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import nbformat
@@ -22,3 +23,31 @@ def normalise(nb: Any) -> Any:
     })
     nbformat.validate(nb)
     return nb
+
+
+TRANSLATIONS = Path(__file__).resolve().parent / "i18n"
+
+
+def catalogue_path(assignment: str, lang: str) -> Path:
+    return TRANSLATIONS / lang / f"{assignment}.md"
+
+
+def translate(nb: Any, assignment: str, lang: str) -> tuple[Any, str]:
+    """The student release in another language: same cells, ids, points and code; translated
+    prose, with nbgrader's checksums of the locked prose cells recomputed. Returns (notebook,
+    what is missing or stale in the catalogue, '' when nothing)."""
+    from nbgrader.utils import compute_checksum
+
+    from distlab.edition import Catalogue, translate_cells
+
+    catalogue = Catalogue.load(catalogue_path(assignment, lang))
+    nb = nbformat.from_dict(nb)
+    cells, problems = translate_cells(nb.cells, catalogue, relink=False)
+    for cell in cells:
+        info = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and "checksum" in info:
+            info["checksum"] = compute_checksum(cell)
+    nb.cells = cells
+    nb.metadata["distlab"] = {"lang": lang}
+    nbformat.validate(nb)
+    return nb, problems.describe(catalogue.path) if problems else ""

@@ -197,6 +197,40 @@ def test_serial_grading_in_the_nbgrader_process(tmp_path: Path) -> None:
     assert _scores(rows[0]) == PINNED["forgot_subgroup"]
 
 
+def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_path: Path) -> None:
+    """The Chinese release has the same grade ids and points: one gradebook, the same scores,
+    and the student reads the notebook and the grader's verdicts in Chinese."""
+    chinese = nbformat.read(REPO / "exercises" / "zh" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for name in ("solution", "forgot_subgroup"):
+        english = nbformat.read(FIXTURES / ASSIGNMENT / f"{name}.ipynb", as_version=4)
+        answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in english.cells
+                   if c.metadata.get("nbgrader", {}).get("solution")}
+        nb = nbformat.from_dict(chinese)
+        for cell in nb.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if grade_id in answers:
+                cell.source = answers[grade_id]
+        nbformat.write(nb, inbox / f"zh_{name}.ipynb")
+    course = tmp_path / "course"
+    done = _grader("autograde", str(inbox), "--course", str(course), "--jobs", "1",
+                   "--part-timeout", str(PART_TIMEOUT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "has changed" not in done.stderr, done.stderr  # the Chinese prose is not "tampering"
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(_grader("export", "--course", str(course)).stdout))}
+    assert _scores(rows["zh_solution"]) == PINNED["solution"]
+    assert _scores(rows["zh_forgot_subgroup"]) == PINNED["forgot_subgroup"]
+
+    graded = nbformat.read(course / "autograded" / "zh_solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+    assert graded.cells[0].source == chinese.cells[0].source, "the Chinese prose stays"
+    shown = [o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert any(t.startswith("通过（") for t in shown), shown
+    assert _grader("feedback", "--course", str(course)).returncode == 0
+    page = (course / "feedback" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "练习 1" in page and "通过（" in page and "HIDDEN TESTS" not in page
+
+
 # --- release ------------------------------------------------------------------------------------------
 def test_exercises_equal_a_fresh_release() -> None:
     done = _grader("release", "--check")

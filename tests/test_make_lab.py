@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser.labserver import LabServer, group_alive, port_is_free, start_lab, stop_lab
+from browser.labserver import REPO, LabServer, group_alive, port_is_free, start_lab, stop_lab
 from jupyter_client.blocking import BlockingKernelClient
 from jupyter_core.paths import jupyter_runtime_dir
 from procs import listening_addresses, parent, wait_gone
@@ -157,3 +157,19 @@ def test_ctrl_c_stops_server_kernel_and_ranks(lab: LabServer, rank_output: str) 
     assert port_is_free(lab.port)
     log = Path(lab.log_path).read_text(errors="replace")
     assert "Traceback" not in log, log
+
+
+@pytest.mark.parametrize("how", [["LANG=zh"], ["EDITION=zh"], ["LANG=zh_CN.UTF-8"]])
+def test_make_lab_lang_zh_opens_the_chinese_edition(how: list[str]) -> None:
+    """`make lab LANG=zh` opens notebooks/zh/ with the kit speaking Chinese; English is the default."""
+    import subprocess
+
+    def dry_run(*args: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
+        return subprocess.run(["make", "--no-print-directory", "-n", "-C", str(REPO), "lab", *args],
+                              capture_output=True, text=True, check=True, env=env, timeout=60).stdout
+
+    chinese, english = dry_run(*how), dry_run()
+    assert "/lab/tree/notebooks/zh/00_welcome.ipynb" in chinese and "DISTLAB_LANG=zh" in chinese
+    assert "/lab/tree/notebooks/00_welcome.ipynb" in english and "DISTLAB_LANG" not in english
+    assert (REPO / "notebooks" / "zh" / "00_welcome.ipynb").is_file()

@@ -117,6 +117,19 @@ class RestoreDeletedTests(OverwriteCells):
     or first if there is none.
     """
 
+    def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
+        self._edition = language_of(nb)
+        return super().preprocess(nb, resources)
+
+    def preprocess_cell(self, cell: Any, resources: Any, index: int) -> tuple[Any, Any]:
+        """A translated edition keeps its own prose: locked markdown carries no grade, and putting
+        the English back would hand a Chinese student English feedback."""
+        info = cell.metadata.get("nbgrader", {})
+        if (getattr(self, "_edition", "en") != "en" and cell.cell_type == "markdown"
+                and info.get("locked") and not info.get("grade")):
+            return cell, resources
+        return super().preprocess_cell(cell, resources, index)
+
     def add_missing_grade_cells(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         source_nb = self.gradebook.find_notebook(self.notebook_id, self.assignment_id)
         order = [cell.name for cell in source_nb.source_cells]
