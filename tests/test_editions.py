@@ -40,7 +40,7 @@ def _glossary() -> list[tuple[str, str, list[str]]]:
     rows = []
     for line in (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] and cells[0] not in ("English", "---"):
+        if len(cells) == 4 and cells[0] and cells[0] not in ("English", "---") and not CJK.match(cells[0]):
             avoid = [w.strip() for w in cells[2].split(",") if w.strip()]
             rows.append((cells[0], cells[1], avoid))
     return rows
@@ -86,8 +86,11 @@ def test_links_reach_the_same_files(stem: str) -> None:
             assert (ZH / link).is_file(), f"{stem}: {link} does not exist"
 
 
-def test_the_glossary_is_parsed() -> None:
+def test_the_glossary_is_parsed_and_reads_both_ways() -> None:
     terms = {en: zh for en, zh, _ in _glossary()}
+    text = (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8")
+    backwards = text[text.index("## 中文 → English"):]
+    assert {(zh, en) for en, zh in terms.items()} == set(re.findall(r"^\| (.+?) \| (.+?) \|$", backwards, re.M)[1:])
     assert terms["rank"] == "rank" and terms["reduce"] == "归约" and terms["shard"] == "分片"
     assert len(terms) >= 30
 

@@ -228,7 +228,7 @@ def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_pa
     assert any(t.startswith("通过（") for t in shown), shown
     assert _grader("feedback", "--course", str(course)).returncode == 0
     page = (course / "feedback" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
-    assert "练习 1" in page and "通过（" in page and "HIDDEN TESTS" not in page
+    assert "练习 1" in page and "通过（" in page and "未通过" in page and "HIDDEN TESTS" not in page
 
 
 # --- release ------------------------------------------------------------------------------------------

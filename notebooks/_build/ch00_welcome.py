@@ -33,6 +33,8 @@ CELLS = [
 
         Every cell is written for any number of ranks. The course uses 4; change `-n 4` to 3 or
         8 in any notebook to see what changes.
+
+        The course is also in Chinese: [中文版](zh/00_welcome.ipynb) (`make lab LANG=zh` opens it).
         """
     ),
     md(

@@ -104,4 +104,5 @@ ZH: dict[str, str] = {
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",
+    "not passed; the grader says: {reason}": "未通过。评分程序的说明（英文原文）：{reason}",
 }

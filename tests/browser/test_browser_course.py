@@ -10,6 +10,7 @@ from browser.labserver import REPO
 pytestmark = pytest.mark.browser
 
 WELCOME = "notebooks/00_welcome.ipynb"
+WELCOME_ZH = "notebooks/zh/00_welcome.ipynb"
 COMPOSING = "notebooks/09_composing.ipynb"
 
 
@@ -39,6 +40,24 @@ def test_welcome_runs_on_four_ranks_without_errors(lab_ui):
     hello = nb.find_cell("hello from rank")
     nb.cells.nth(hello).scroll_into_view_if_needed()
     nb.screenshot("welcome_ran_all")
+    lab_ui.assert_console_clean()
+
+
+def test_the_chinese_welcome_runs_and_the_kit_answers_in_chinese(lab_ui):
+    """Opened from the English `make lab`: the kernel starts in notebooks/zh/ and speaks Chinese."""
+    nb = lab_ui.open(WELCOME_ZH)
+    expected_failures = tagged_cells(WELCOME_ZH, "raises-exception")
+    nb.run_all(expected_failures=expected_failures)
+
+    unrun = nb.unrun_cells()
+    assert not unrun, f"Run All stopped before cells {unrun}: {nb.error_outputs()}"
+    outputs = "".join(nb.output_text(i) for i in nb.code_cell_indices())
+    assert "[rank 3]" in outputs and "自测通过" in outputs, outputs[-500:]
+    shown = nb.error_outputs()
+    assert {i for i, _ in shown} == expected_failures, shown
+    assert all("个失败" in text for _, text in shown), shown  # "1 of 4 ranks failed", in Chinese
+    assert nb.page.get_by_text("核心思想").count(), "the Chinese prose is shown"
+    nb.screenshot("welcome_zh_ran_all")
     lab_ui.assert_console_clean()
 
 

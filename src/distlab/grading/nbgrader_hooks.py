@@ -78,7 +78,9 @@ class TrustedExecute(NbGraderPreprocessor):
                                            text=tr("passed ({cases} cases, checked by the grader)", lang,
                                                    cases=part.cases) + "\n")]
             else:
-                cell.outputs = [_error("PartFailed", part.message)]
+                message = part.message if lang == "en" else tr(
+                    "not passed; the grader says: {reason}", lang, reason=part.message)
+                cell.outputs = [_error("PartFailed", message)]
         return nb, resources
 
     def _session(self) -> Any:
