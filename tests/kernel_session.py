@@ -46,14 +46,16 @@ class KernelSession:
     def pid(self) -> int:
         return self.manager.provisioner.pid  # type: ignore[union-attr]
 
-    def execute(self, code: str, timeout: float = 120.0, interrupt_after: float | None = None) -> Reply:
-        """Run ``code``; optionally press the stop button (SIGINT) after ``interrupt_after`` seconds."""
+    def execute(self, code: str, timeout: float = 120.0,
+                interrupt_on: tuple[str, int] | None = None) -> Reply:
+        """Run ``code``; with ``interrupt_on=(text, count)``, press the stop button (SIGINT) as soon
+        as the cell's output holds ``text`` ``count`` times (every rank said it got there)."""
         reply = Reply()
         started = time.monotonic()
         msg_id = self.client.execute(code)
         interrupted = False
         while True:
-            if interrupt_after is not None and not interrupted and time.monotonic() - started > interrupt_after:
+            if interrupt_on is not None and not interrupted and reply.stdout.count(interrupt_on[0]) >= interrupt_on[1]:
                 self.manager.interrupt_kernel()
                 interrupted = True
             remaining = timeout - (time.monotonic() - started)

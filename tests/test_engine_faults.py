@@ -67,7 +67,8 @@ def test_a_hang_shows_every_ranks_stack_restarts_and_the_next_cell_works(kernel:
 def test_interrupt_stops_ranks_that_listen(kernel: KernelSession) -> None:
     old = _ready_pids(kernel, 2)
     kernel.execute("%%dist\nkept = 'yes'")
-    reply = kernel.execute("%%dist\nimport time\ntime.sleep(60)", interrupt_after=1.0)
+    reply = kernel.execute("%%dist\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+                           interrupt_on=("sleeping", 2))
     assert reply.error is not None and reply.error["ename"] == "CellInterrupted"
     assert "every rank stopped" in reply.traceback and "KeyboardInterrupt" in reply.traceback
     assert kernel.value(PIDS) == old  # they stopped by themselves: the pool and its variables survive
@@ -76,10 +77,10 @@ def test_interrupt_stops_ranks_that_listen(kernel: KernelSession) -> None:
 
 def test_interrupt_kills_ranks_stuck_in_a_collective(kernel: KernelSession) -> None:
     old = _ready_pids(kernel, 2)
-    reply = kernel.execute("%%dist --timeout 300\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)",
-                           interrupt_after=1.0)
+    reply = kernel.execute("%%dist --timeout 300\nt = torch.zeros(1)\nprint('receiving', flush=True)\n"
+                           "dist.recv(t, src=1 - rank)", interrupt_on=("receiving", 2))
     assert reply.error is not None and reply.error["ename"] == "CellInterrupted"
-    assert "did not stop" in reply.traceback and "waiting at cell line 2" in reply.traceback
+    assert "did not stop" in reply.traceback and "waiting at cell line 3" in reply.traceback
     assert reply.seconds < 30
     assert wait_gone(old) == []
     _next_cell_works(kernel, 2)

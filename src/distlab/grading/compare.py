@@ -7,7 +7,7 @@ torch) takes part. Every problem comes back as a sentence for the student.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,20 @@ def record(records: Any, rank: int, index: int) -> dict[str, Any] | None:
     if not isinstance(per_rank, list) or index >= len(per_rank) or not isinstance(per_rank[index], dict):
         return None
     return per_rank[index]
+
+
+def first_problem(batch: Any, records: Any,
+                  check: Callable[[Any, int, dict[str, Any]], str | None]) -> str | None:
+    """Every case of the batch, every rank in order: the first problem ``check`` finds in a rank's
+    record, named with the case and the rank (a missing record is a problem too)."""
+    ws = batch.world_size
+    for index, case in enumerate(batch.cases):
+        for rank in range(ws):
+            found = record(records, rank, index)
+            problem = "sent back no result" if found is None else check(case, rank, found)
+            if problem:
+                return f"{case.describe(ws)}: rank {rank} {problem}"
+    return None
 
 
 def rebuild(data: Any) -> torch.Tensor | str:

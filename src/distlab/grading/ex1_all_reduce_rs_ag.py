@@ -60,28 +60,18 @@ def _case_kwargs(case: Case) -> dict[str, Any]:
 def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     """None when every rank's tensor matches the reference (and the communication is right)."""
     ws = batch.world_size
-    for index, case in enumerate(batch.cases):
-        text = case.describe(ws)
-        for rank in range(ws):
-            record = compare.record(records, rank, index)
-            if record is None:
-                return f"{text}: rank {rank} sent back no result"
-            want = expected(case, ws, rank)
-            problem = compare.tensor_problem(record.get("tensor"), want,
-                                             exact=case.op in ("MAX", "MIN") or case.dtype == "int64",
-                                             original=make_input(case, ws, rank))
-            if problem:
-                return f"{text}: rank {rank} {problem}"
-        if case.check_comm:
-            chunk = -(-case.numel // ws)
-            for rank in range(ws):
-                record = compare.record(records, rank, index) or {}
-                problem = compare.comm_problem(record, allowed=("reduce_scatter", "all_gather"),
-                                               required=("reduce_scatter", "all_gather"),
-                                               limit_elements=2 * ws * chunk)
-                if problem:
-                    return f"{text}: rank {rank} {problem}"
-    return None
+
+    def check(case: Case, rank: int, record: dict[str, Any]) -> str | None:
+        problem = compare.tensor_problem(record.get("tensor"), expected(case, ws, rank),
+                                         exact=case.op in ("MAX", "MIN") or case.dtype == "int64",
+                                         original=make_input(case, ws, rank))
+        if problem is None and case.check_comm:
+            problem = compare.comm_problem(record, allowed=("reduce_scatter", "all_gather"),
+                                           required=("reduce_scatter", "all_gather"),
+                                           limit_elements=2 * ws * -(-case.numel // ws))
+        return problem
+
+    return compare.first_problem(batch, records, check)
 
 
 def only_rs_ag(record: dict[str, Any]) -> str | None:

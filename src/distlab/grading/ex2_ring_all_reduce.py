@@ -69,21 +69,16 @@ def ring_problem(record: dict[str, Any], world_size: int, rank: int, numel: int,
 def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
     """None when every rank's tensor is the sum (and, for steps/bytes, the messages are a ring's)."""
     ws = batch.world_size
-    check = part.name.removeprefix("try_")
-    for index, case in enumerate(batch.cases):
-        text = case.describe(ws)
-        for rank in range(ws):
-            record = compare.record(records, rank, index)
-            if record is None:
-                return f"{text}: rank {rank} sent back no result"
-            problem = compare.tensor_problem(record.get("tensor"), expected(case, ws, rank),
-                                             exact=case.dtype == "int64",
-                                             original=make_input(case, ws, rank))
-            if problem is None and check in ("steps", "bytes"):
-                problem = ring_problem(record, ws, rank, case.numel, check)
-            if problem:
-                return f"{text}: rank {rank} {problem}"
-    return None
+    messages = part.name.removeprefix("try_")
+
+    def check(case: Case, rank: int, record: dict[str, Any]) -> str | None:
+        problem = compare.tensor_problem(record.get("tensor"), expected(case, ws, rank),
+                                         exact=case.dtype == "int64", original=make_input(case, ws, rank))
+        if problem is None and messages in ("steps", "bytes"):
+            problem = ring_problem(record, ws, rank, case.numel, messages)
+        return problem
+
+    return compare.first_problem(batch, records, check)
 
 
 PARTS = (

@@ -59,28 +59,22 @@ class Case:
 
 # --- rank side ----------------------------------------------------------------------------------
 def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
-    """On every rank: load the submission under the guard, run each case, return plain records."""
-    import torch.distributed as dist
+    """On every rank: run each case through the student's function, return plain records."""
+    return harness.run_cases(submission, cases, _one_case)
 
-    from distlab.grading import guard
 
-    watcher = guard.install()  # before the student's source runs
-    fn = harness.load_function(submission, watcher)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    records = []
-    for case in cases:
-        inputs = [case.chunk(rank, dst) for dst in range(world_size)]
-        # outputs start as noise, so a chunk that never arrives shows
-        outputs = [torch.full_like(case.chunk(src, rank), -7) for src in range(world_size)]
-        with watcher.watch() as log:
-            returned = harness.call(fn, case.describe(world_size), None if case.counts else outputs, inputs)
-        if case.counts:
-            if type(returned) not in (list, tuple):
-                records.append({"outputs": None, "returned": type(returned).__name__, **log})
-                continue
-            outputs = list(returned)
-        records.append({"outputs": [harness.tensor_record(t) for t in outputs], **log})
-    return records
+def _one_case(ctx: harness.RankContext, case: Case) -> dict[str, Any]:
+    rank, world_size = ctx.rank, ctx.world_size
+    inputs = [case.chunk(rank, dst) for dst in range(world_size)]
+    # outputs start as noise, so a chunk that never arrives shows
+    outputs = [torch.full_like(case.chunk(src, rank), -7) for src in range(world_size)]
+    with ctx.watcher.watch() as log:
+        returned = harness.call(ctx.fn, case.describe(world_size), None if case.counts else outputs, inputs)
+    if case.counts:
+        if type(returned) not in (list, tuple):
+            return {"outputs": None, "returned": type(returned).__name__, **log}
+        outputs = list(returned)
+    return {"outputs": [harness.tensor_record(t) for t in outputs], **log}
 
 
 # --- trusted side -------------------------------------------------------------------------------

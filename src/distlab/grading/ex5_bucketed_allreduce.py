@@ -39,28 +39,21 @@ FUNCTION = "average_gradients"
 # --- rank side ----------------------------------------------------------------------------------
 def rank_main(submission: Submission, cases: tuple[TrainCase, ...]) -> list[dict[str, Any]]:
     """On every rank: train the case's model, calling the student's function after each backward."""
-    import torch.distributed as dist
+    return harness.run_cases(submission, cases, _one_case)
 
-    from distlab.grading import guard
 
-    watcher = guard.install()  # before the student's source runs
-    fn = harness.load_function(submission, watcher)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    records = []
-    for case in cases:
-        model = build_model(case)
-        optimizer = SGD(list(model.parameters()), lr=case.lr, momentum=case.momentum)
-        steps = []
-        for step in range(case.steps):
-            optimizer.zero_grad()
-            local_backward(model, case, world_size, rank, step)
-            with watcher.watch() as log:
-                harness.call(fn, f"{case.describe(world_size)}, step {step}", model, case.bucket_bytes)
-            steps.append(log)
-            optimizer.step()
-        records.append({"params": [harness.tensor_record(p.detach()) for p in model.parameters()],
-                        "steps": steps})
-    return records
+def _one_case(ctx: harness.RankContext, case: TrainCase) -> dict[str, Any]:
+    model = build_model(case)
+    optimizer = SGD(list(model.parameters()), lr=case.lr, momentum=case.momentum)
+    steps = []
+    for step in range(case.steps):
+        optimizer.zero_grad()
+        local_backward(model, case, ctx.world_size, ctx.rank, step)
+        with ctx.watcher.watch() as log:
+            harness.call(ctx.fn, f"{case.describe(ctx.world_size)}, step {step}", model, case.bucket_bytes)
+        steps.append(log)
+        optimizer.step()
+    return {"params": [harness.tensor_record(p.detach()) for p in model.parameters()], "steps": steps}
 
 
 # --- trusted side -------------------------------------------------------------------------------

@@ -50,29 +50,23 @@ def _state_elements(value: Any, depth: int = 0) -> int:
 # --- rank side ----------------------------------------------------------------------------------
 def rank_main(submission: Submission, cases: tuple[TrainCase, ...]) -> list[dict[str, Any]]:
     """On every rank: train the case's model with the student's sharded step."""
-    import torch.distributed as dist
+    return harness.run_cases(submission, cases, _one_case)
 
-    from distlab.grading import guard
 
-    watcher = guard.install()  # before the student's source runs
-    fn = harness.load_function(submission, watcher)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    records = []
-    for case in cases:
-        model = build_model(case)
-        params = list(model.parameters())
-        state: dict[str, Any] = {}
-        steps = []
-        for step in range(case.steps):
-            model.zero_grad(set_to_none=True)
-            local_backward(model, case, world_size, rank, step)
-            with watcher.watch() as log:
-                harness.call(fn, f"{case.describe(world_size)}, step {step}", params, state,
-                             case.lr, case.momentum)
-            steps.append(log)
-        records.append({"params": [harness.tensor_record(p.detach()) for p in model.parameters()],
-                        "steps": steps, "state_elements": _state_elements(state)})
-    return records
+def _one_case(ctx: harness.RankContext, case: TrainCase) -> dict[str, Any]:
+    model = build_model(case)
+    params = list(model.parameters())
+    state: dict[str, Any] = {}
+    steps = []
+    for step in range(case.steps):
+        model.zero_grad(set_to_none=True)
+        local_backward(model, case, ctx.world_size, ctx.rank, step)
+        with ctx.watcher.watch() as log:
+            harness.call(ctx.fn, f"{case.describe(ctx.world_size)}, step {step}", params, state,
+                         case.lr, case.momentum)
+        steps.append(log)
+    return {"params": [harness.tensor_record(p.detach()) for p in model.parameters()],
+            "steps": steps, "state_elements": _state_elements(state)}
 
 
 # --- trusted side -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import linecache
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -106,31 +107,47 @@ def flush() -> None:
     sys.stdout.flush()
 
 
+@dataclass
+class RankContext:
+    """What one case's run on a rank needs: the student's function, the recorder, who we are."""
+
+    fn: Callable[..., Any]
+    watcher: CommGuard
+    rank: int
+    world_size: int
+
+
+def run_cases(submission: Submission, cases: tuple[Any, ...],
+              one_case: Callable[[RankContext, Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank side of every exercise: install the guard before the student's source runs, load
+    the function, then one plain record per case from ``one_case``."""
+    import torch.distributed as dist
+
+    from distlab.grading import guard
+
+    watcher = guard.install()  # before the student's source runs
+    context = RankContext(load_function(submission, watcher), watcher, dist.get_rank(), dist.get_world_size())
+    return [one_case(context, case) for case in cases]
+
+
 def run_in_place_cases(
     submission: Submission,
     cases: tuple[Any, ...],
     make_input: Callable[[Any, int, int], torch.Tensor],
     extra_kwargs: Callable[[Any], dict[str, Any]] = lambda case: {},
 ) -> list[dict[str, Any]]:
-    """On every rank: load the submission under the guard, call it on each case's tensor (which it
-    must change in place) and return plain records of the tensor and the communication.
+    """On every rank: call the student's function on each case's tensor (which it must change in
+    place) and return plain records of the tensor and the communication.
 
     ``extra_kwargs`` runs on every rank, in case order, before the input is made (it may create
     process groups, which every rank must do in the same order).
     """
-    import torch.distributed as dist
-
-    from distlab.grading import guard
-
-    watcher = guard.install()  # before the student's source runs
-    fn = load_function(submission, watcher)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    records = []
-    for case in cases:
+    def one_case(ctx: RankContext, case: Any) -> dict[str, Any]:
         kwargs = extra_kwargs(case)
-        tensor = make_input(case, world_size, rank)
-        with watcher.watch() as log:
-            call(fn, case.describe(world_size), tensor, **kwargs)
-        records.append({"tensor": tensor_record(tensor), **log})
-    return records
+        tensor = make_input(case, ctx.world_size, ctx.rank)
+        with ctx.watcher.watch() as log:
+            call(ctx.fn, case.describe(ctx.world_size), tensor, **kwargs)
+        return {"tensor": tensor_record(tensor), **log}
+
+    return run_cases(submission, cases, one_case)
 
