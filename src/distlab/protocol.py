@@ -6,6 +6,12 @@ values (function arguments, results, pushed variables) travel as opaque ``bytes`
 unpickled only by the side that asked for them. Every connection starts with a mutual HMAC
 handshake over a Unix socket in a private directory: a process that does not hold the key is
 dropped before anything is unpickled.
+
+Why not ``multiprocessing.connection``'s own authkey (``deliver_challenge``/``answer_challenge``):
+they wait without a deadline, so one peer that connects and says nothing would stall the hub's
+accept thread for every later rank; and the client cannot wait longer than the server, which ranks
+need while the kernel is busy in a cell. The handshake here is the same HMAC challenge, both ways,
+with a deadline on each side.
 """
 
 from __future__ import annotations
