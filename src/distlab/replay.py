@@ -143,7 +143,7 @@ def _ring_svg(n: int, messages: Sequence[dict[str, Any]]) -> str:
 def render_frame(frames: Sequence[Frame], k: int) -> str:
     """HTML of step ``k``: ring diagram, messages, and the buffers with the chunks marked
     (blue border: sent this step, orange: received/changed this step)."""
-    from distlab.viz import BufferGrid, fmt_bytes
+    from distlab.render import BufferGrid, fmt_bytes
 
     f = frames[k]
     n = len(f.buffers)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from distlab.viz import _as_rows, _cell_color, _fmt
+from distlab.render import cell_color, fmt_value, rows_of
 
 CELL_W, CELL_H, GAP = 34, 22, 2
 TITLE_H, FONT, CHAR_W = 22, 12, 7.3  # CHAR_W: width of one monospace character at FONT
@@ -30,7 +30,7 @@ def buffers(bufs: Sequence[Any], title: str | None = None, labels: Sequence[str]
             marks: dict[tuple[int, int], str] | None = None,
             vrange: tuple[float, float] | None = None) -> tuple[str, int, int]:
     """(SVG body, width, height) of one grid: a row of coloured, numbered cells per rank."""
-    rows = [_as_rows(b)[0] if b is not None else [] for b in bufs]
+    rows = [rows_of(b)[0] if b is not None else [] for b in bufs]
     names = list(labels) if labels else [f"rank {r}" for r in range(len(rows))]
     nums = [float(v) for row in rows for v in row if isinstance(v, (int, float)) and not isinstance(v, bool)]
     lo, hi = vrange or ((min(nums), max(nums)) if nums else (0.0, 0.0))
@@ -44,11 +44,11 @@ def buffers(bufs: Sequence[Any], title: str | None = None, labels: Sequence[str]
         parts.append(_text(0, y + 15, names[r]))
         for i, v in enumerate(row):
             x = label_w + i * (CELL_W + GAP)
-            bg, fg = _cell_color(float(v), lo, hi) if isinstance(v, (int, float)) else ("#eee", "black")
+            bg, fg = cell_color(float(v), lo, hi) if isinstance(v, (int, float)) else ("#eee", "black")
             mark = (marks or {}).get((r, i))
             stroke = f' stroke="{mark}" stroke-width="3"' if mark else ""
             parts.append(f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" fill="{bg}"{stroke}/>')
-            parts.append(_text(x + CELL_W / 2, y + 15, _fmt(v), anchor="middle", fill=fg))
+            parts.append(_text(x + CELL_W / 2, y + 15, fmt_value(v), anchor="middle", fill=fg))
     return "\n".join(parts), width, top + len(rows) * (CELL_H + GAP)
 
 
