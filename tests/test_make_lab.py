@@ -173,3 +173,34 @@ def test_make_lab_lang_zh_opens_the_chinese_edition(how: list[str]) -> None:
     assert "/lab/tree/notebooks/zh/00_welcome.ipynb" in chinese and "DISTLAB_LANG=zh" in chinese
     assert "/lab/tree/notebooks/00_welcome.ipynb" in english and "DISTLAB_LANG" not in english
     assert (REPO / "notebooks" / "zh" / "00_welcome.ipynb").is_file()
+
+
+def test_make_lab_lang_zh_serves_the_chinese_welcome_and_a_chinese_kit(tmp_path: Path) -> None:
+    """A real `make lab LANG=zh`: it opens on notebooks/zh/00_welcome.ipynb, and a kernel it starts
+    anywhere has DISTLAB_LANG=zh (so the kit speaks Chinese), while LANG is a valid locale."""
+    server = start_lab(tmp_path / "lab.log", make_args=("LANG=zh",))
+    try:
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args: object, **kwargs: object) -> None:
+                return None
+
+        with pytest.raises(urllib.error.HTTPError) as redirect:
+            urllib.request.build_opener(NoRedirect).open(server.url(""), timeout=10)
+        location = redirect.value.headers["Location"].split("?")[0]
+        assert location.endswith("/lab/tree/notebooks/zh/00_welcome.ipynb"), location
+        environ = (Path("/proc") / str(_jupyter_pid(server)) / "environ").read_bytes().split(b"\0")
+        assert b"DISTLAB_LANG=zh" in environ and b"LANG=zh" not in environ
+    finally:
+        stop_lab(server)
+
+
+def _jupyter_pid(server: LabServer) -> int:
+    """The jupyter server process: make's child running `-m jupyterlab`."""
+    for pid in descendants(server.proc.pid):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+            if argv[1:3] == [b"-m", b"jupyterlab"]:  # not the shell make runs it from
+                return pid
+        except OSError:
+            continue
+    raise AssertionError("no jupyterlab process under make")

@@ -99,6 +99,7 @@ def start_lab(
     lab_flags: str = "",
     env: dict[str, str] | None = None,
     timeout: float = 120.0,
+    make_args: tuple[str, ...] = (),
 ) -> LabServer:
     """Run `make lab LAB_PORT=0 LAB_FLAGS="--no-browser ..."` and wait until it answers.
 
@@ -114,7 +115,7 @@ def start_lab(
     with _sigint_not_ignored():
         proc = subprocess.Popen(
             ["make", "--no-print-directory", "-C", str(REPO), "lab", "LAB_PORT=0",
-             f"LAB_FLAGS={flags}"],
+             f"LAB_FLAGS={flags}", *make_args],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
