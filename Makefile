@@ -22,7 +22,7 @@ endif
 EDITION ?= en
 EDITION_DIR := notebooks$(if $(filter zh,$(EDITION)),/zh)
 
-.PHONY: lab test check figures lint setup clean
+.PHONY: lab test test-cluster check figures lint setup clean
 
 setup: $(STAMP)
 
@@ -51,11 +51,22 @@ lint: $(STAMP)
 	$(PY) -m mypy src/distlab
 
 test: $(STAMP) lint
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not cluster"
+
+# The same cells on a real two-node SLURM cluster that tests/slurm_cluster.py brings up in network
+# namespaces on this machine. Needs root; installs Debian's slurm-wlm and munge when missing.
+test-cluster: $(STAMP)
+	@if [ "$$(id -u)" != 0 ]; then echo "make test-cluster: skipped, it needs root (network namespaces, SLURM daemons)"; exit 0; fi; \
+	if ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
+	  if ! command -v apt-get >/dev/null; then echo "make test-cluster: skipped, no apt-get to install slurm-wlm and munge"; exit 0; fi; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null) \
+	    || { echo "make test-cluster: skipped, apt-get could not install slurm-wlm and munge"; exit 0; }; \
+	fi; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m cluster tests/test_cluster_slurm.py
 
 # While you work: lint, types and the fast tests (no browser, no notebook or nbgrader runs end to end).
 check: $(STAMP) lint
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not browser and not gpu" \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not browser and not gpu and not cluster" \
 	  --ignore=tests/browser
 
 # The pictures the notebooks show before any cell runs (notebooks/figures/*.svg), drawn from the

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 
 from distlab import protocol
 from distlab.errors import PoolDied
-from distlab.protocol import LauncherHello, RankExited, RankHello
+from distlab.protocol import ControlHello, LauncherHello, RankExited, RankHello
 
 
 class Hub:
@@ -67,6 +67,9 @@ class Hub:
         self._launcher_conn: Connection | None = None
         self._arrived: dict[tuple[str, int], dict[int, tuple[Connection, int]]] = defaultdict(dict)
         self._exits: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+        self._hellos: dict[tuple[str, int], dict[int, RankHello]] = defaultdict(dict)
+        self._controls: dict[tuple[str, int], dict[int, Connection]] = defaultdict(dict)
+        self._tcp: socket.socket | None = None  # cluster mode: ranks on other hosts connect here
         self.closed = False
         self._acceptor: threading.Thread | None = threading.Thread(
             target=self._accept_forever, name="distlab-accept", daemon=True)
@@ -128,6 +131,19 @@ class Hub:
             self._drain_launcher()
         return [c for fd, c in by_fd.items() if fd in ready]
 
+    def listen_tcp(self, address: str) -> str:
+        """Also accept ranks over TCP on ``address`` (one interface's address, never every
+        interface unless the user names 0.0.0.0); returns "address:port". Idempotent."""
+        if self._tcp is None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind((address, 0))
+            listener.listen(256)
+            listener.setblocking(False)
+            self._tcp = listener
+            os.write(self._stop_w, b"+")  # the accept thread picks up the new listener
+        host, port = self._tcp.getsockname()[:2]
+        return f"{host}:{port}"
+
     def _accept_forever(self) -> None:
         """Accept and authenticate peers at once, even while the kernel is idle between cells.
 
@@ -135,36 +151,49 @@ class Hub:
         on a handshake the kernel is not looking at.
         """
         while True:
-            readable, _, _ = select.select([self._listener.fileno(), self._stop_r], [], [])
+            listeners = [self._listener] + ([self._tcp] if self._tcp is not None else [])
+            readable, _, _ = select.select([x.fileno() for x in listeners] + [self._stop_r], [], [])
             if self._stop_r in readable:
-                return
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
+                if os.read(self._stop_r, 1) != b"+":
+                    return
                 continue
-            except OSError:
-                return
-            sock.setblocking(True)
-            conn = Connection(sock.detach())
-            try:
-                protocol.server_handshake(conn, self.key)
-                if not conn.poll(protocol.HANDSHAKE_TIMEOUT):
-                    raise protocol.HandshakeFailed("no hello")
-                hello = protocol.recv(conn)
-            except Exception:  # noqa: BLE001 - a peer that fails the handshake or says nonsense is dropped
+            for listener in listeners:
+                if listener.fileno() in readable:
+                    self._accept_one(listener)
+
+    def _accept_one(self, listener: socket.socket) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        sock.setblocking(True)
+        if sock.family == socket.AF_INET:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(sock.detach())
+        try:
+            protocol.server_handshake(conn, self.key)
+            if not conn.poll(protocol.HANDSHAKE_TIMEOUT):
+                raise protocol.HandshakeFailed("no hello")
+            hello = protocol.recv(conn)
+        except Exception:  # noqa: BLE001 - a peer that fails the handshake or says nonsense is dropped
+            conn.close()
+            return
+        with self._lock:
+            if isinstance(hello, LauncherHello) and self._launcher_conn is None and hello.pid == self.launcher.pid:
+                for message in self._queued:
+                    protocol.send(conn, message)
+                self._queued.clear()
+                self._launcher_conn = conn
+            elif isinstance(hello, RankHello):
+                self._arrived[(hello.pool_id, hello.generation)][hello.rank] = (conn, hello.pid)
+                self._hellos[(hello.pool_id, hello.generation)][hello.rank] = hello
+            elif isinstance(hello, ControlHello):
+                self._controls[(hello.pool_id, hello.generation)][hello.rank] = conn
+            else:
                 conn.close()
-                continue
-            with self._lock:
-                if isinstance(hello, LauncherHello) and self._launcher_conn is None and hello.pid == self.launcher.pid:
-                    for message in self._queued:
-                        protocol.send(conn, message)
-                    self._queued.clear()
-                    self._launcher_conn = conn
-                elif isinstance(hello, RankHello):
-                    self._arrived[(hello.pool_id, hello.generation)][hello.rank] = (conn, hello.pid)
-                else:
-                    conn.close()
-            os.write(self._wake_w, b"!")
+        os.write(self._wake_w, b"!")
 
     def _drain_launcher(self) -> None:
         assert self._launcher_conn is not None
@@ -182,6 +211,14 @@ class Hub:
         with self._lock:
             return self._arrived.pop((pool_id, generation), {})
 
+    def hellos(self, pool_id: str, generation: int) -> dict[int, RankHello]:
+        with self._lock:
+            return dict(self._hellos.get((pool_id, generation), {}))
+
+    def controls(self, pool_id: str, generation: int) -> dict[int, Connection]:
+        with self._lock:
+            return dict(self._controls.get((pool_id, generation), {}))
+
     def exits(self, pool_id: str, generation: int) -> dict[int, int]:
         return self._exits.get((pool_id, generation), {})
 
@@ -189,6 +226,9 @@ class Hub:
         for conn, _ in self.take_arrivals(pool_id, generation).values():
             conn.close()
         self._exits.pop((pool_id, generation), None)
+        self._hellos.pop((pool_id, generation), None)
+        for conn in self._controls.pop((pool_id, generation), {}).values():
+            conn.close()
 
     def stack_path(self, pool_id: str, generation: int, rank: int) -> str:
         return os.path.join(self.dir, f"{pool_id}-{generation}-{rank}.stack")
@@ -220,6 +260,8 @@ class Hub:
         self._acceptor.join(timeout=2.0)
         self._acceptor = None
         self._listener.close()
+        if self._tcp is not None:
+            self._tcp.close()
         for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
             os.close(fd)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -70,6 +70,8 @@ ZH: dict[str, str] = {
     "no pool is running: run a %%dist cell or %dist_start first":
         "没有正在运行的 rank 池：先运行一个 %%dist 单元格或 %dist_start",
     "{name} is not defined in the kernel": "内核里没有定义 {name}",
+    "--launcher {launcher} needs --iface: the network interface the ranks reach this kernel on":
+        "--launcher {launcher} 需要 --iface：各个 rank 用来连接本内核的网络接口",
     "--ranks expects a list like 0,2 or 1-3, got {text}": "--ranks 需要 0,2 或 1-3 这样的列表，收到的是 {text}",
     "--ranks range {part} is backwards": "--ranks 的范围 {part} 写反了",
     "--ranks {text}: rank {rank} does not exist with {n} ranks (0-{last})":
@@ -97,6 +99,8 @@ ZH: dict[str, str] = {
     "the ranks could not start their process group ({backend}):\n{detail}":
         "各个 rank 无法建立进程组（{backend}）：\n{detail}",
     "the ranks did not start within {seconds} s": "各个 rank 没有在 {seconds} 秒内启动",
+    "distlab: SLURM has not started the ranks yet: {pending}. Waiting; interrupt the cell to withdraw "
+    "the request.": "distlab：SLURM 还没有启动这些 rank：{pending}。正在等待；中断单元格即可撤回请求。",
     "--backend nccl needs one GPU per rank: {n} ranks but {gpus} GPU(s) visible. "
     "Use --backend gloo to run on the CPU, or fewer ranks.":
         "--backend nccl 要求每个 rank 一张 GPU：有 {n} 个 rank，但只看得到 {gpus} 张 GPU。"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import shlex
 import sys
 from typing import Any
 
@@ -17,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import publish_display_data
 
 from distlab.backends import BACKENDS, resolve_backend
+from distlab.cluster import LAUNCHERS, ClusterLaunch
 from distlab.errors import BackendUnavailable
 from distlab.i18n import tr
 from distlab.pool import Pool, PrintSink
@@ -47,6 +49,7 @@ class Session:
 
     def __init__(self) -> None:
         self.pool: Pool | None = None
+        self.cluster: tuple[str, str, tuple[str, ...]] = ("local", "", ())  # launcher, iface, srun args
         self.last_trace: list[list[dict[str, Any]]] | None = None
         self._cells = itertools.count(1)
 
@@ -55,7 +58,8 @@ class Session:
 
     def pool_for(self, world_size: int, backend: str) -> Pool:
         pool = self.pool
-        if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend):
+        if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend) \
+                and self._cluster_of(pool) == self.cluster:
             return pool
         if pool is not None and pool.used:  # a warm pool that ran nothing needs no announcement
             print(tr("distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
@@ -63,8 +67,15 @@ class Session:
                      old=pool.world_size, old_backend=pool.requested_backend))
         if pool is not None:
             pool.stop()
-        self.pool = Pool(world_size, backend, sink=NotebookSink())
+        launcher, iface, srun_args = self.cluster
+        cluster = None if launcher == "local" else ClusterLaunch(launcher, iface, srun_args)
+        self.pool = Pool(world_size, backend, sink=NotebookSink(), cluster=cluster)
         return self.pool
+
+    @staticmethod
+    def _cluster_of(pool: Pool) -> tuple[str, str, tuple[str, ...]]:
+        c = pool.cluster
+        return ("local", "", ()) if c is None else (c.launcher, c.iface, c.srun_args)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -103,6 +114,10 @@ def _pool_options(magic: Any, line: str) -> tuple[int, str, Any]:
     current = session().pool
     world_size = _check_world_size(args.nprocs, current.world_size if current else DEFAULT_WORLD_SIZE)
     backend = args.backend or (current.requested_backend if current else "auto")
+    on_cluster = getattr(args, "launcher", None) not in (None, "local") or (
+        getattr(args, "launcher", None) is None and session().cluster[0] != "local")
+    if on_cluster:  # the GPUs that count are on the nodes, not next to this kernel
+        return world_size, backend, args
     return world_size, _check_backend(backend, world_size), args
 
 
@@ -157,11 +172,36 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, default=None, help="number of ranks")
     @argument("--backend", choices=BACKENDS, default=None, help="gloo, nccl or auto")
+    @argument("--launcher", choices=LAUNCHERS, default=None,
+              help="local (default: ranks forked next to this kernel), slurm (srun inside your "
+                   "allocation starts them on its nodes) or external (prints the command any launcher "
+                   "runs once per rank: python -m distlab.join)")
+    @argument("--iface", default=None,
+              help="with slurm/external: the network interface the kernel listens on and the ranks use "
+                   "(e.g. ib0, eth0); only its address is listened on")
+    @argument("--srun-args", default="", help="extra srun options, e.g. \"--nodes=2 --ntasks-per-node=4\"")
     @line_magic
     def dist_start(self, line: str) -> None:
-        """Start the rank pool now (the first ``%%dist`` cell does this for you)."""
-        world_size, backend, _ = _pool_options(self.dist_start, line)
-        pool = session().pool_for(world_size, backend)
+        """Start the rank pool now (the first ``%%dist`` cell does this for you).
+
+        On a cluster, inside a SLURM allocation (``salloc -N 2 --ntasks-per-node 4``, or JupyterLab
+        started in a batch job)::
+
+            %dist_start -n 8 --launcher slurm --iface eth0
+
+        and every later ``%%dist`` cell runs on those ranks. Any other launcher:
+        ``--launcher external`` prints the command to start once per rank.
+        """
+        world_size, backend, args = _pool_options(self.dist_start, line)
+        state = session()
+        if args.launcher is not None:
+            if args.launcher != "local" and not args.iface:
+                raise UsageError(tr("--launcher {launcher} needs --iface: the network interface the ranks "
+                                    "reach this kernel on", launcher=args.launcher))
+            # IPython keeps the quotes around --srun-args "..." in the value: split twice
+            srun_args = tuple(shlex.split(" ".join(shlex.split(args.srun_args))))
+            state.cluster = (args.launcher, args.iface or "", srun_args)
+        pool = state.pool_for(world_size, backend)
         pool.ensure_ready()
         print(tr("distlab: {n} ranks ready ({backend})", n=pool.world_size, backend=pool.backend))
 
@@ -191,7 +231,8 @@ class DistMagics(Magics):
         print(f"distlab: {pool.world_size} ranks, backend {pool.backend}, generation {pool.generation}, "
               f"restarts {pool.restarts}")
         for row in pool.status():
-            print(f"  rank {row['rank']}: pid {row['pid']}, {row['state']}")
+            where = f" on {row['node']}" if row.get("node") else ""
+            print(f"  rank {row['rank']}{where}: pid {row['pid']}, {row['state']}")
 
     @magic_arguments()
     @argument("name", help="a variable defined on the ranks")

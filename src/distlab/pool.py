@@ -26,6 +26,7 @@ import cloudpickle
 
 from distlab import codeship, protocol
 from distlab.backends import resolve_backend
+from distlab.cluster import ClusterLaunch
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
 from distlab.hub import Hub
 from distlab.i18n import tr
@@ -78,8 +79,11 @@ class PrintSink:
         if text:
             self._keep_tail(rank, text)
 
+    nodes: dict[int, str] = {}  # set by a pool whose ranks run on other hosts
+
     def _write(self, rank: int, lines: list[str]) -> None:
-        prefix = f"[rank {rank}] "
+        node = self.nodes.get(rank)
+        prefix = f"[rank {rank} @{node}] " if node else f"[rank {rank}] "
         sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
         if self.flush_each:
             sys.stdout.flush()
@@ -123,12 +127,17 @@ class Pool:
     """``world_size`` ranks joined in one process group; start() is quick, work waits for readiness."""
 
     def __init__(self, world_size: int, backend: str = "auto", hub: Hub | None = None,
-                 sink: Sink | None = None, eager_restart: bool = True) -> None:
+                 sink: Sink | None = None, eager_restart: bool = True,
+                 cluster: ClusterLaunch | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.requested_backend = backend
-        self.backend = resolve_backend(backend, world_size)
+        self.cluster = cluster  # None: ranks forked here by the kit's launcher
+        # on a cluster the kernel cannot count the nodes' GPUs: "auto" means gloo there
+        self.backend = resolve_backend(backend, world_size) if cluster is None else (
+            "nccl" if backend == "nccl" else "gloo")
+        self.nodes: dict[int, str] = {}
         self.hub = hub or Hub.get()
         self.sink: Sink = sink or PrintSink()
         self.pool_id = secrets.token_hex(4)
@@ -148,17 +157,70 @@ class Pool:
             self.hub = Hub.get()
         self.generation += 1
         self.handles = {}
-        self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
-                                          tuple(range(self.world_size))))
+        self._rendezvous_sent = False
+        if self.cluster is None:
+            self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
+                                              tuple(range(self.world_size))))
+        else:
+            hub = self.hub.listen_tcp(self.cluster.address())
+            env = self.cluster.environment(hub, self.hub.key, self.pool_id, self.generation, self.backend,
+                                           os.path.join(os.path.expanduser("~"), ".distlab"))
+            note = self.cluster.start(self.world_size, env, os.path.join(self.hub.dir, "srun.log"))
+            if note:
+                print(note, flush=True)
         self.started = True
+
+    def _send_rendezvous(self) -> None:
+        """Joined ranks: once all have said hello, tell each where rank 0's TCPStore listens."""
+        hellos = self.hub.hellos(self.pool_id, self.generation)
+        self.nodes = {rank: hello.node for rank, hello in hellos.items()}
+        if hasattr(self.sink, "nodes"):
+            self.sink.nodes = dict(self.nodes)  # output lines say which host printed them
+        address, _, port = hellos[0].store.rpartition(":")
+        for handle in self.handles.values():
+            protocol.send(handle.conn, protocol.Rendezvous(address, int(port)))
+        self._rendezvous_sent = True
+
+    def _cluster_log(self) -> str:
+        try:
+            with open(os.path.join(self.hub.dir, "srun.log"), errors="replace") as log:
+                return log.read()[-4000:]
+        except OSError:
+            return ""
 
     def ensure_ready(self, timeout: float = START_TIMEOUT) -> None:
         self.start()
+        if self.cluster is None:
+            self._wait_ready(timeout)
+            return
+        try:  # an interrupted or failed start leaves nothing queued or running on the cluster
+            self._wait_ready(timeout)
+        except BaseException:
+            if not all(h.ready for h in self.handles.values()) or len(self.handles) < self.world_size:
+                self._kill()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        said_pending, next_look = "", time.monotonic() + 2.0
         errors: dict[int, str] = {}
         while not all(h.ready for h in self.handles.values()) or len(self.handles) < self.world_size:
             for rank, (conn, pid) in self.hub.take_arrivals(self.pool_id, self.generation).items():
                 self.handles[rank] = RankHandle(rank, conn, pid)
+            if self.cluster is not None and not self._rendezvous_sent and len(self.handles) == self.world_size:
+                self._send_rendezvous()
+            if self.cluster is not None and self.cluster.exited() is not None:
+                detail = self._cluster_log()
+                self._kill()
+                raise PoolDied(tr("the ranks could not start their process group ({backend}):\n{detail}",
+                                  backend=self.backend, detail=detail))
+            if self.cluster is not None and not self.handles and time.monotonic() > next_look:
+                next_look = time.monotonic() + 5.0
+                pending = self.cluster.pending()
+                if pending and pending != said_pending:
+                    print(tr("distlab: SLURM has not started the ranks yet: {pending}. Waiting; interrupt "
+                             "the cell to withdraw the request.", pending=pending), flush=True)
+                    said_pending = pending
             waiting = [h.conn for h in self.handles.values() if not h.ready]
             for conn in self.hub.wait(waiting, 0.05):
                 handle = next(h for h in self.handles.values() if h.conn is conn)
@@ -181,8 +243,10 @@ class Pool:
                 raise PoolDied(tr("the ranks could not start their process group ({backend}):\n{detail}",
                                   backend=self.backend, detail=detail or self.hub.launcher_log()))
             if time.monotonic() > deadline:
+                detail = self._cluster_log() if self.cluster is not None else ""
                 self._kill()
-                raise PoolDied(tr("the ranks did not start within {seconds} s", seconds=f"{timeout:.0f}"))
+                raise PoolDied(tr("the ranks did not start within {seconds} s", seconds=f"{timeout:.0f}")
+                               + (f"\n{detail}" if detail else ""))
 
     def stop(self) -> None:
         """Ask ranks to leave; kill any that do not within a second."""
@@ -206,7 +270,14 @@ class Pool:
         self.start()
 
     def _kill(self) -> None:
-        if self.started and self.hub.alive():
+        if self.cluster is not None:
+            for control in self.hub.controls(self.pool_id, self.generation).values():
+                try:
+                    protocol.send(control, protocol.Control("exit"))
+                except OSError:
+                    pass
+            self.cluster.stop()
+        elif self.started and self.hub.alive():
             try:
                 self.hub.send_launcher(KillGeneration(self.pool_id, self.generation))
             except PoolDied:
@@ -227,7 +298,10 @@ class Pool:
                 state = "busy" if handle.busy else "idle" if handle.ready else "starting"
             if rank in exits:
                 state = f"exited ({exits[rank]})"
-            rows.append({"rank": rank, "pid": handle.pid if handle else None, "state": state})
+            row = {"rank": rank, "pid": handle.pid if handle else None, "state": state}
+            if self.cluster is not None:
+                row["node"] = self.nodes.get(rank, "")
+            rows.append(row)
         return rows
 
     # --- work ---------------------------------------------------------------------------------
@@ -288,6 +362,15 @@ class Pool:
         Only ranks whose connection is still open are signalled: a rank that died closed it, so a
         recycled pid is never hit.
         """
+        if self.cluster is not None:  # on other hosts: ask through each rank's control connection
+            controls = self.hub.controls(self.pool_id, self.generation)
+            for rank in ranks:
+                if rank in controls and signum == signal.SIGINT:
+                    try:
+                        protocol.send(controls[rank], protocol.Control("interrupt"))
+                    except OSError:
+                        pass
+            return
         for rank in ranks:
             handle = self.handles.get(rank)
             if handle is None or handle.conn.closed:
@@ -301,6 +384,8 @@ class Pool:
 
     def take_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         """Every listed rank's Python stack, dumped by faulthandler on SIGUSR1."""
+        if self.cluster is not None:
+            return self._remote_stacks(ranks)
         paths = {r: self.hub.stack_path(self.pool_id, self.generation, r) for r in ranks}
         for path in paths.values():
             open(path, "w").close()
@@ -317,6 +402,30 @@ class Pool:
         for rank, path in paths.items():
             with open(path, errors="replace") as dump:
                 stacks[rank] = dump.read()
+        return stacks
+
+    def _remote_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+        controls = self.hub.controls(self.pool_id, self.generation)
+        asked = {}
+        for rank in ranks:
+            if rank in controls:
+                try:
+                    protocol.send(controls[rank], protocol.Control("stack"))
+                    asked[rank] = controls[rank]
+                except OSError:
+                    pass
+        stacks = {rank: "" for rank in ranks}
+        deadline = time.monotonic() + STACK_WAIT
+        while asked and time.monotonic() < deadline:
+            for conn in self.hub.wait(list(asked.values()), 0.05):
+                rank = next(r for r, c in asked.items() if c is conn)
+                del asked[rank]
+                try:
+                    message = protocol.recv(conn)
+                except (EOFError, OSError):
+                    continue
+                if isinstance(message, protocol.Stack):
+                    stacks[rank] = message.text
         return stacks
 
     def fresh_start(self) -> str:
@@ -422,9 +531,21 @@ class _Waiter:
                 if self.lost[rank] is None and rank in exits:
                     self.lost[rank] = exits[rank]
 
+    def where(self, ranks: Sequence[int]) -> str:
+        """On a cluster: which node each rank ran on ("" on one machine)."""
+        nodes = self.pool.nodes
+        by_node: dict[str, list[int]] = {}
+        for rank in sorted(set(ranks)):
+            by_node.setdefault(nodes.get(rank, "?"), []).append(rank)
+        if not nodes or not by_node:
+            return ""
+        return "; ".join(f"{rank_label(rs)} on node {node}" for node, rs in by_node.items())
+
     def conclude(self, timeout: float, cell_lines: dict[str, list[str]]) -> dict[int, Done]:
         pool = self.pool
         failures = [d.failure for r, d in sorted(self.dones.items()) if d.failure is not None]
+        involved = [f.rank for f in failures] + list(self.lost) + list(self.pending)
+        where = self.where(involved)
         if self.lost:
             self._exit_codes()
             failures += [crash_failure(rank, code) for rank, code in sorted(self.lost.items())]
@@ -432,7 +553,7 @@ class _Waiter:
         if self.pending:
             stuck = sorted(self.pending)
             stacks = pool.take_stacks(stuck)
-            note = pool.fresh_start()
+            note = "\n".join(filter(None, [where, pool.fresh_start()]))
             if self.interrupted_at is not None:
                 report = format_stacks(stacks, cell_lines)
                 raise CellInterrupted(
@@ -453,7 +574,7 @@ class _Waiter:
             raise CellInterrupted(tr("interrupted: every rank stopped"),
                                   format_failures(failures) if failures else "")
         if failures:
-            note = pool.fresh_start() if self.lost else ""
+            note = "\n".join(filter(None, [where, pool.fresh_start() if self.lost else ""]))
             raise RankError.from_failures(failures, pool.world_size, note)
         return self.dones
 

@@ -94,7 +94,43 @@ class RankHello:
     generation: int
     rank: int
     pid: int
+    node: str = ""  # a joined rank's host name (ranks forked here leave it empty)
+    store: str = ""  # a joined rank 0's "address:port" of the TCPStore it listens on
     kind: Literal["rank_hello"] = "rank_hello"
+
+
+@dataclass(frozen=True)
+class ControlHello:
+    """A joined rank's second connection: the kernel's way to interrupt, inspect and end a rank it
+    cannot signal (it runs on another host, started by srun or another launcher)."""
+
+    pool_id: str
+    generation: int
+    rank: int
+    kind: Literal["control_hello"] = "control_hello"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Sent to every joined rank once all have said hello: where rank 0's TCPStore listens."""
+
+    master_addr: str
+    master_port: int
+    kind: Literal["rendezvous"] = "rendezvous"
+
+
+@dataclass(frozen=True)
+class Control:
+    """On the control connection: "interrupt" (SIGINT), "stack" (answer with Stack), "exit"."""
+
+    action: str
+    kind: Literal["control"] = "control"
+
+
+@dataclass(frozen=True)
+class Stack:
+    text: str
+    kind: Literal["stack"] = "stack"
 
 
 @dataclass(frozen=True)
@@ -175,13 +211,14 @@ class Stop:
 
 Message = Union[
     SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
-    Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
+    Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop, ControlHello, Rendezvous, Control, Stack,
 ]
 Task = Union[RunCell, RunFunction, Pull, Push]
 
 _ALLOWED = {cls.__name__: cls for cls in (
     RankFailure, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
-    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop,
+    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop, ControlHello, Rendezvous,
+    Control, Stack,
 )}
 
 
@@ -250,9 +287,16 @@ def client_handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_TI
 
 
 def connect(path: str, key: bytes) -> Connection:
-    """Open an authenticated connection to the kernel's hub socket."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
+    """Open an authenticated connection to the kernel's hub: a Unix socket path, or "host:port"
+    for a rank on another machine (cluster mode)."""
+    if path.startswith("/"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+    else:
+        host, _, port = path.rpartition(":")
+        sock = socket.create_connection((host, int(port)), timeout=CHALLENGE_WAIT)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn = Connection(sock.detach())
     try:
         client_handshake(conn, key)

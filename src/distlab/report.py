@@ -78,7 +78,9 @@ def format_failures(failures: Sequence[RankFailure]) -> str:
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 
 
-_INTERNAL = ("distlab/worker.py", "distlab/launcher.py", "distlab/trace.py", "<frozen runpy>", "runpy.py")
+_INTERNAL = ("distlab/worker.py", "distlab/launcher.py", "distlab/join.py", "distlab/trace.py", "<frozen runpy>",
+             "runpy.py")
+_MAIN = ("distlab/launcher.py", "distlab/join.py")  # a forked rank's or a joined rank's main thread
 
 
 def stack_frames(dump: str) -> list[tuple[str, int, str]]:
@@ -93,7 +95,7 @@ def stack_frames(dump: str) -> list[tuple[str, int, str]]:
             sections.append([])
         elif sections:
             sections[-1].append(line)
-    main = next((s for s in sections if any("distlab/launcher.py" in line for line in s)),
+    main = next((s for s in sections if any(m in line for line in s for m in _MAIN)),
                 sections[0] if sections else [])
     frames = []
     for line in main:

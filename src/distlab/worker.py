@@ -41,9 +41,14 @@ class RankSpec:
     rank: int
     world_size: int
     backend: str
-    hub_path: str
+    hub_path: str  # a Unix socket path, or "host:port" for a rank that joined from another host
     key: bytes
     store_port: int
+    joined: bool = False  # started by an outside launcher (srun, ...), not forked by ours
+    local_rank: int = -1  # -1: the same as rank (every rank on this machine)
+    local_world_size: int = 0  # 0: world_size
+    node: str = ""
+    store_addr: str = ""  # a joined rank 0: the "address:port" its TCPStore listens on
 
 
 class _CudaToCpuPickler(pickle.Pickler):
@@ -72,7 +77,10 @@ class Rank:
         self.spec = spec
         self.conn = protocol.connect(spec.hub_path, spec.key)
         self._lock = threading.Lock()
-        self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid()))
+        self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid(), spec.node, spec.store_addr))
+        self.master_addr, self.master_port = "127.0.0.1", spec.store_port
+        if spec.joined:
+            self._start_control()
         self.output = CapturedOutput(spec.rank, self.send)
         self._stack_file = open(self._stack_path(), "a")  # noqa: SIM115 - lives as long as the rank
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
@@ -85,6 +93,10 @@ class Rank:
 
     def _stack_path(self) -> str:
         spec = self.spec
+        if spec.joined:  # the kernel's folder is on another host: keep it here, send it on request
+            import tempfile
+
+            return os.path.join(tempfile.gettempdir(), f"distlab-{os.getpid()}.stack")
         return os.path.join(os.path.dirname(spec.hub_path), f"{spec.pool_id}-{spec.generation}-{spec.rank}.stack")
 
     def send(self, message: protocol.Message) -> None:
@@ -96,15 +108,54 @@ class Rank:
         if self.in_user_code:
             raise KeyboardInterrupt
 
+    def _start_control(self) -> None:
+        """A joined rank cannot be signalled by the kernel: a second connection carries interrupts,
+        stack requests and the order to exit, and its end (the kernel is gone) ends the rank."""
+        spec = self.spec
+        control = protocol.connect(spec.hub_path, spec.key)
+        protocol.send(control, protocol.ControlHello(spec.pool_id, spec.generation, spec.rank))
+
+        def listen() -> None:
+            while True:
+                try:
+                    message = protocol.recv(control)
+                except (EOFError, OSError):
+                    os._exit(1)  # the kernel is gone: never outlive it
+                if not isinstance(message, protocol.Control):
+                    continue
+                if message.action == "interrupt":
+                    os.kill(os.getpid(), signal.SIGINT)
+                elif message.action == "stack":
+                    self._stack_file.seek(0)
+                    self._stack_file.truncate()
+                    faulthandler.dump_traceback(file=self._stack_file, all_threads=True)
+                    self._stack_file.flush()
+                    with open(self._stack_file.name, errors="replace") as dump:
+                        protocol.send(control, protocol.Stack(dump.read()))
+                elif message.action == "exit":
+                    os._exit(1)
+
+        threading.Thread(target=listen, name="distlab-control", daemon=True).start()
+
+    def _rendezvous(self) -> None:
+        """A joined rank learns where rank 0's TCPStore listens once every rank has said hello."""
+        message = protocol.recv(self.conn)
+        if not isinstance(message, protocol.Rendezvous):
+            raise RuntimeError(f"expected the rendezvous, got {type(message).__name__}")
+        self.master_addr, self.master_port = message.master_addr, message.master_port
+
     def _join(self, store_socket: socket.socket | None) -> torch.device:
         spec = self.spec
-        local_rank = spec.rank
+        if spec.joined:
+            self._rendezvous()
+        local_rank = spec.rank if spec.local_rank < 0 else spec.local_rank
+        local_world = spec.local_world_size or spec.world_size
         os.environ.update({
             "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(spec.world_size), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(spec.store_port),
+            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
         })
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         if spec.backend == "nccl":
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
@@ -112,7 +163,7 @@ class Rank:
             device = torch.device("cpu")
         extra: dict[str, Any] = {"master_listen_fd": store_socket.fileno()} if store_socket is not None else {}
         store = dist.TCPStore(
-            "127.0.0.1", spec.store_port, spec.world_size, spec.rank == 0,
+            self.master_addr, self.master_port, spec.world_size, spec.rank == 0,
             STORE_TIMEOUT, wait_for_workers=False, **extra,
         )
         self.store = store
@@ -126,7 +177,8 @@ class Rank:
         sys.modules["__main__"] = module  # classes defined in cells pickle by reference to it
         namespace = module.__dict__
         namespace.update({
-            "rank": self.spec.rank, "world_size": self.spec.world_size, "local_rank": self.spec.rank,
+            "rank": self.spec.rank, "world_size": self.spec.world_size,
+            "local_rank": self.spec.rank if self.spec.local_rank < 0 else self.spec.local_rank,
             "device": self.device, "torch": torch, "dist": dist,
             "display": make_display(self.spec.rank, self.send, self.output),
         })
