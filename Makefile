@@ -22,7 +22,7 @@ endif
 EDITION ?= en
 EDITION_DIR := notebooks$(if $(filter zh,$(EDITION)),/zh)
 
-.PHONY: lab test test-cluster check figures lint setup clean
+.PHONY: lab test test-gpu test-cluster check figures lint setup clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,13 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not cluster"
+
+# On a machine with NVIDIA GPUs: the GPU tests, then every notebook headless, which picks NCCL
+# by itself where every rank gets a GPU (4 by default). Skipped, saying so, without a GPU.
+test-gpu: $(STAMP)
+	@if ! nvidia-smi -L >/dev/null 2>&1; then echo "make test-gpu: skipped, no NVIDIA GPU here"; exit 0; fi; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py \
+	  "tests/test_notebooks.py::test_notebook_runs_clean"
 
 # The same cells on a real two-node SLURM cluster that tests/slurm_cluster.py brings up in network
 # namespaces on this machine. Needs root; installs Debian's slurm-wlm and munge when missing.

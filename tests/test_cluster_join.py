@@ -234,3 +234,22 @@ def test_every_launcher_s_rank_variables_are_read(tmp_path: Path) -> None:
     key = tmp_path / "k"
     key.write_text("ab" * 32)
     assert join.read_key({"DISTLAB_KEY_FILE": str(key)}) == bytes.fromhex("ab" * 32)
+
+
+def test_nccl_on_a_node_without_enough_gpus_says_why_before_nccl_fails() -> None:
+    from distlab.errors import PoolDied
+
+    pool = Pool(2, "nccl", sink=Quiet(), cluster=ClusterLaunch("external", "lo"), eager_restart=False)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        pool.start()
+    procs = _launch(_join_env(printed.getvalue()), 2)
+    try:
+        with pytest.raises(PoolDied) as refused:
+            pool.ensure_ready()
+        assert "needs one GPU per rank" in str(refused.value) and "--backend gloo" in str(refused.value)
+    finally:
+        pool.stop()
+        assert wait_gone([p.pid for p in procs], within=10.0) == []
+        for proc in procs:
+            proc.wait()

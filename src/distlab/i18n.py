@@ -99,6 +99,10 @@ ZH: dict[str, str] = {
     "the ranks could not start their process group ({backend}):\n{detail}":
         "各个 rank 无法建立进程组（{backend}）：\n{detail}",
     "the ranks did not start within {seconds} s": "各个 rank 没有在 {seconds} 秒内启动",
+    "distlab: on a cluster this kernel cannot see the nodes' GPUs, so the ranks use gloo; --backend nccl "
+    "gives each rank the GPU of its SLURM_LOCALID.":
+        "distlab：在集群上，本内核看不到各节点的 GPU，所以这些 rank 使用 gloo；--backend nccl 会让每个 rank "
+        "使用编号为其 SLURM_LOCALID 的 GPU。",
     "distlab: SLURM has not started the ranks yet: {pending}. Waiting; interrupt the cell to withdraw "
     "the request.": "distlab：SLURM 还没有启动这些 rank：{pending}。正在等待；中断单元格即可撤回请求。",
     "--backend nccl needs one GPU per rank: {n} ranks but {gpus} GPU(s) visible. "

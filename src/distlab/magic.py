@@ -150,6 +150,9 @@ class DistMagics(Magics):
 
             %%dist --ranks 0 --timeout 5
             print("only rank 0 runs this")
+
+        On a cluster, start the pool first with ``%dist_start -n 8 --launcher slurm --iface ib0``
+        (see ``%dist_start?``); every ``%%dist`` cell then runs on the ranks SLURM placed.
         """
         world_size, backend, args = _pool_options(self.dist, line)
         if args.timeout <= 0:

@@ -138,6 +138,9 @@ class Pool:
         self.backend = resolve_backend(backend, world_size) if cluster is None else (
             "nccl" if backend == "nccl" else "gloo")
         self.nodes: dict[int, str] = {}
+        if cluster is not None and backend == "auto":
+            print(tr("distlab: on a cluster this kernel cannot see the nodes' GPUs, so the ranks use gloo; "
+                     "--backend nccl gives each rank the GPU of its SLURM_LOCALID."), flush=True)
         self.hub = hub or Hub.get()
         self.sink: Sink = sink or PrintSink()
         self.pool_id = secrets.token_hex(4)

@@ -157,6 +157,13 @@ class Rank:
         })
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         if spec.backend == "nccl":
+            gpus = torch.cuda.device_count()
+            if local_rank >= gpus:  # NCCL refuses two ranks on one GPU: say so before it does
+                from distlab.errors import BackendUnavailable
+
+                raise BackendUnavailable(
+                    f"--backend nccl needs one GPU per rank: {spec.node or 'this node'} runs {local_world} "
+                    f"ranks but has {gpus} GPU(s). Use --backend gloo, or fewer ranks per node.")
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
         else:
