@@ -97,7 +97,7 @@ def test_a_rank_that_raises_fails_the_cell_naming_rank_and_node(kernel: KernelSe
     assert "on node dlnode" in reply.traceback, reply.traceback
     after = kernel.execute("%%dist\nprint(rank)", timeout=180)
     assert after.error is None, after.traceback
-    assert len(after.stdout.splitlines()) == 4
+    assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
 
 
 def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
@@ -126,7 +126,7 @@ def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
     assert "dlnode2" in reply.traceback, reply.traceback
     after = kernel.execute("%%dist\nprint('back', rank)", timeout=180)
     assert after.error is None, after.traceback
-    assert len(after.stdout.splitlines()) == 4
+    assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
 
 
 def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(
@@ -181,3 +181,15 @@ def test_a_kernel_killed_while_its_request_is_pending_leaves_nothing_queued(
     finally:
         with contextlib.suppress(Exception):
             session.shutdown()
+
+
+def test_distlab_run_and_the_bench_place_their_ranks_on_the_cluster_too(kernel: KernelSession) -> None:
+    reply = kernel.execute("import distlab\n\ndef host():\n    import socket\n    return socket.gethostname()\n\n"
+                           "print(sorted(set(distlab.run(host, world_size=4))))", timeout=180)
+    assert reply.error is None, reply.traceback
+    assert reply.stdout.strip() == str(sorted(NODES))
+    reply = kernel.execute("from distlab import bench\nrows = bench.sweep(['all_reduce'], '4K:16K', [4], iters=3, "
+                           "progress=False)\nprint([r['size'] for r in rows], all(r['busbw'] > 0 for r in rows))",
+                           timeout=300)
+    assert reply.error is None, reply.traceback
+    assert reply.stdout.strip().endswith("True"), reply.stdout

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from distlab.cluster import ClusterLaunch
 from distlab.pool import Pool
 
 
@@ -13,6 +15,16 @@ class RunResult(list):  # type: ignore[type-arg]
     """The per-rank return values, indexed by rank; ``.trace`` holds per-rank call records when traced."""
 
     trace: list[list[dict[str, Any]]] | None = None
+
+
+def _notebook_cluster() -> ClusterLaunch | None:
+    """In a notebook whose pool runs on a cluster (``%dist_start --launcher slurm``), ``run`` and
+    everything built on it (the bench, the exercises' checks) place their ranks there too."""
+    magic = sys.modules.get("distlab.magic")
+    if magic is None:
+        return None
+    launcher, iface, srun_args = magic.session().cluster
+    return None if launcher == "local" else ClusterLaunch(launcher, iface, srun_args)
 
 
 def run(
@@ -38,7 +50,7 @@ def run(
     >>> distlab.run(hello, world_size=2)
     [0, 1]
     """
-    pool = Pool(world_size, backend, eager_restart=False)
+    pool = Pool(world_size, backend, eager_restart=False, cluster=_notebook_cluster())
     try:
         dones = pool.call(fn, args, kwargs, timeout=timeout, trace=trace)
     finally:
