@@ -141,6 +141,9 @@ def test_the_stop_button_reaches_joined_ranks(joined) -> None:  # type: ignore[n
         pressed.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)  # what the notebook's stop button does to the kernel
 
+    # SIGINT raises KeyboardInterrupt here, as in a kernel (an earlier test's browser may have
+    # left another handler installed in this process)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=press_stop_once_all_sleep, daemon=True).start()
     try:
         pool.run_cell("import time\nprint('sleeping', flush=True)\ntime.sleep(150)", "<sleep>", timeout=200)
@@ -148,6 +151,8 @@ def test_the_stop_button_reaches_joined_ranks(joined) -> None:  # type: ignore[n
         assert "every rank stopped" in str(stopped)
     else:
         pytest.fail(f"the cell was not interrupted; stop pressed at {pressed}, rank output {sink.lines}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert pool.pull("kept") == ["yes"] * WORLD  # they stopped by themselves: state survives
 
 

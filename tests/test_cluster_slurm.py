@@ -193,3 +193,50 @@ def test_distlab_run_and_the_bench_place_their_ranks_on_the_cluster_too(kernel: 
                            timeout=300)
     assert reply.error is None, reply.traceback
     assert reply.stdout.strip().endswith("True"), reply.stdout
+
+
+@pytest.mark.parametrize("how", ["shutdown", "restart"])
+def test_a_kernel_shut_down_or_restarted_ends_the_step_on_every_node(
+        how: str, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    session = KernelSession()
+    try:
+        reply = session.execute("%load_ext distlab\n" + START, timeout=180)
+        assert reply.error is None, reply.traceback
+        assert all(cluster.tasks_on(node) for node in NODES)
+        if how == "restart":
+            session.manager.restart_kernel(now=False)
+        else:
+            session.shutdown()
+        assert _wait_no_tasks(cluster, within=10.0) == {}
+        _wait_no_jobs(cluster, within=10.0)
+        assert _squeue(cluster) == ""
+    finally:
+        with contextlib.suppress(Exception):
+            session.shutdown()
+
+
+def test_a_course_notebook_runs_headless_on_the_cluster(cluster: SlurmCluster,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notebook 05 as a learner on the cluster runs it: only the start line names the launcher."""
+    from pathlib import Path
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    nb = nbformat.read(notebooks / "05_reduce_all_reduce.ipynb", as_version=4)
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    assert setup.source == "%load_ext distlab\n%dist_start -n 4"
+    setup.source = "%load_ext distlab\n" + START
+    NotebookClient(nb, kernel_name="python3", timeout=300,
+                   resources={"metadata": {"path": str(notebooks)}}).execute()
+    shown = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "self-check passed" in shown and "@dlnode1]" in shown and "@dlnode2]" in shown
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not [o for o in cell.outputs if o.output_type == "error"], cell.source[:200]
+    _wait_no_jobs(cluster)
