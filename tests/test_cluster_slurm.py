@@ -36,10 +36,15 @@ def cluster() -> Iterator[SlurmCluster]:
         up.stop()
 
 
-@pytest.fixture
-def kernel(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelSession]:
+@pytest.fixture(autouse=True)
+def slurm_client(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel a test starts is a SLURM client of this cluster (SLURM_CONF)."""
     for name, value in cluster.env().items():
         monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def kernel(cluster: SlurmCluster) -> Iterator[KernelSession]:
     session = KernelSession()
     try:
         reply = session.execute("%load_ext distlab\n" + START, timeout=180)
@@ -129,10 +134,7 @@ def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
     assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
 
 
-def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(
-        cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in cluster.env().items():
-        monkeypatch.setenv(name, value)
+def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(cluster: SlurmCluster) -> None:
     session = KernelSession()
     try:
         reply = session.execute('%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface dl0 '
@@ -149,10 +151,7 @@ def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(
         _wait_no_jobs(cluster)
 
 
-def test_a_killed_kernel_leaves_no_task_on_any_node_and_no_job(cluster: SlurmCluster,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in cluster.env().items():
-        monkeypatch.setenv(name, value)
+def test_a_killed_kernel_leaves_no_task_on_any_node_and_no_job(cluster: SlurmCluster) -> None:
     session = KernelSession()
     reply = session.execute("%load_ext distlab\n" + START, timeout=180)
     assert reply.error is None, reply.traceback
@@ -163,10 +162,7 @@ def test_a_killed_kernel_leaves_no_task_on_any_node_and_no_job(cluster: SlurmClu
     assert _squeue(cluster) == ""
 
 
-def test_a_kernel_killed_while_its_request_is_pending_leaves_nothing_queued(
-        cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in cluster.env().items():
-        monkeypatch.setenv(name, value)
+def test_a_kernel_killed_while_its_request_is_pending_leaves_nothing_queued(cluster: SlurmCluster) -> None:
     session = KernelSession()
     try:
         session.client.execute('%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface dl0 '
@@ -197,9 +193,7 @@ def test_distlab_run_and_the_bench_place_their_ranks_on_the_cluster_too(kernel: 
 
 @pytest.mark.parametrize("how", ["shutdown", "restart"])
 def test_a_kernel_shut_down_or_restarted_ends_the_step_on_every_node(
-        how: str, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in cluster.env().items():
-        monkeypatch.setenv(name, value)
+        how: str, cluster: SlurmCluster) -> None:
     session = KernelSession()
     try:
         reply = session.execute("%load_ext distlab\n" + START, timeout=180)
@@ -217,16 +211,13 @@ def test_a_kernel_shut_down_or_restarted_ends_the_step_on_every_node(
             session.shutdown()
 
 
-def test_a_course_notebook_runs_headless_on_the_cluster(cluster: SlurmCluster,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_course_notebook_runs_headless_on_the_cluster(cluster: SlurmCluster) -> None:
     """Notebook 05 as a learner on the cluster runs it: only the start line names the launcher."""
     from pathlib import Path
 
     import nbformat
     from nbclient import NotebookClient
 
-    for name, value in cluster.env().items():
-        monkeypatch.setenv(name, value)
     notebooks = Path(__file__).resolve().parents[1] / "notebooks"
     nb = nbformat.read(notebooks / "05_reduce_all_reduce.ipynb", as_version=4)
     setup = next(c for c in nb.cells if c.cell_type == "code")
