@@ -93,6 +93,7 @@ ZH: dict[str, str] = {
     "the rank process was killed by {signal}": "rank 进程被 {signal} 杀死",
     "the rank process exited with code {code}": "rank 进程以退出码 {code} 退出",
     "waiting at {where}": "等待于 {where}",
+    "{ranks} on node {node}": "{ranks} 在节点 {node} 上",
     "at cell line {line}: {text}": "在单元格第 {line} 行：{text}",
     "cell line {line}: {text}": "单元格第 {line} 行：{text}",
     "no Python stack (the rank did not answer)": "没有 Python 调用栈（该 rank 没有响应）",

@@ -542,7 +542,7 @@ class _Waiter:
             by_node.setdefault(nodes.get(rank, "?"), []).append(rank)
         if not nodes or not by_node:
             return ""
-        return "; ".join(f"{rank_label(rs)} on node {node}" for node, rs in by_node.items())
+        return "; ".join(tr("{ranks} on node {node}", ranks=rank_label(rs), node=node) for node, rs in by_node.items())
 
     def conclude(self, timeout: float, cell_lines: dict[str, list[str]]) -> dict[int, Done]:
         pool = self.pool
