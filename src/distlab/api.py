@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distlab.cluster import ClusterLaunch
+from distlab.cluster import ClusterLaunch, launch_for
 from distlab.pool import Pool
 
 
@@ -21,10 +21,7 @@ def _notebook_cluster() -> ClusterLaunch | None:
     """In a notebook whose pool runs on a cluster (``%dist_start --launcher slurm``), ``run`` and
     everything built on it (the bench, the exercises' checks) place their ranks there too."""
     magic = sys.modules.get("distlab.magic")
-    if magic is None:
-        return None
-    launcher, iface, srun_args = magic.session().cluster
-    return None if launcher == "local" else ClusterLaunch(launcher, iface, srun_args)
+    return None if magic is None else launch_for(magic.session().cluster)
 
 
 def run(

@@ -42,6 +42,21 @@ def _stop_all() -> None:
         launch.stop()
 
 
+# What a notebook chose with %dist_start: launcher, interface, extra srun options.
+Settings = tuple[str, str, tuple[str, ...]]
+LOCAL: Settings = ("local", "", ())
+
+
+def launch_for(settings: Settings) -> ClusterLaunch | None:
+    """A fresh launch for a pool with these settings (None: ranks forked next to the kernel)."""
+    launcher, iface, srun_args = settings
+    return None if launcher == "local" else ClusterLaunch(launcher, iface, srun_args)
+
+
+def settings_of(launch: ClusterLaunch | None) -> Settings:
+    return LOCAL if launch is None else (launch.launcher, launch.iface, launch.srun_args)
+
+
 @dataclass(eq=False)
 class ClusterLaunch:
     """How a pool's ranks are started when they do not run next to the kernel."""
@@ -56,7 +71,7 @@ class ClusterLaunch:
         """The kernel's address on ``iface``: the only address it listens on for ranks."""
         from distlab.join import interface_address
 
-        return interface_address(self.iface) if self.iface not in ("", "lo") else "127.0.0.1"
+        return interface_address(self.iface)
 
     def environment(self, hub: str, key: bytes, pool_id: str, generation: int, backend: str,
                     key_dir: str) -> dict[str, str]:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-LANGUAGES = ("en", "zh")
+from distlab.i18n import LANGUAGES
+
 _MARKER = re.compile(r"^<!-- en:([0-9a-f]{10}) -->[ \t]*$", re.MULTILINE)
 # Links the translated notebook (one folder down, notebooks/zh/) must reach one folder up. A
 # translation writes links as the English has them; sibling notebooks stay siblings, and a link

@@ -164,9 +164,7 @@ class Hub:
     def _accept_one(self, listener: socket.socket) -> None:
         try:
             sock, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
+        except OSError:  # nothing to accept after all, or the listener was closed
             return
         sock.setblocking(True)
         if sock.family == socket.AF_INET:

@@ -8,7 +8,7 @@ and then behaves exactly like a rank forked on a laptop.
 Everything comes from the environment, never the command line (which ``ps`` shows to every user):
 
 =====================  =====================================================================
-DISTLAB_HUB            "address:port" the kernel listens on (``%dist_start --listen IFACE``)
+DISTLAB_HUB            "address:port" the kernel listens on (``%dist_start --iface IFACE``)
 DISTLAB_KEY_FILE       a file readable only by the user holding the pool's secret (hex), or
 DISTLAB_KEY            the secret itself, in the environment
 DISTLAB_POOL           the pool's id and generation, "id:generation"
@@ -47,7 +47,9 @@ def _first(env: dict[str, str], names: tuple[str, ...], default: str | None = No
 
 
 def interface_address(name: str) -> str:
-    """The IPv4 address of network interface ``name`` (Linux)."""
+    """The IPv4 address of network interface ``name`` (Linux); loopback when no name is given."""
+    if not name:
+        return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
     return socket.inet_ntoa(packed[20:24])
@@ -77,7 +79,7 @@ def main(env: dict[str, str] | None = None) -> int:
     store = None
     store_addr = ""
     if rank == 0:  # rank 0 hosts the TCPStore, on the ranks' interface only; the OS picks the port
-        address = interface_address(iface) if iface else "127.0.0.1"
+        address = interface_address(iface)
         store = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         store.bind((address, 0))
         store.listen(256)

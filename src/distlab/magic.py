@@ -18,7 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import publish_display_data
 
 from distlab.backends import BACKENDS, resolve_backend
-from distlab.cluster import LAUNCHERS, ClusterLaunch
+from distlab.cluster import LAUNCHERS, LOCAL, Settings, launch_for, settings_of
 from distlab.errors import BackendUnavailable
 from distlab.i18n import tr
 from distlab.pool import Pool, PrintSink
@@ -49,7 +49,7 @@ class Session:
 
     def __init__(self) -> None:
         self.pool: Pool | None = None
-        self.cluster: tuple[str, str, tuple[str, ...]] = ("local", "", ())  # launcher, iface, srun args
+        self.cluster: Settings = LOCAL
         self.last_trace: list[list[dict[str, Any]]] | None = None
         self._cells = itertools.count(1)
 
@@ -59,7 +59,7 @@ class Session:
     def pool_for(self, world_size: int, backend: str) -> Pool:
         pool = self.pool
         if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend) \
-                and self._cluster_of(pool) == self.cluster:
+                and settings_of(pool.cluster) == self.cluster:
             return pool
         if pool is not None and pool.used:  # a warm pool that ran nothing needs no announcement
             print(tr("distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
@@ -67,15 +67,8 @@ class Session:
                      old=pool.world_size, old_backend=pool.requested_backend))
         if pool is not None:
             pool.stop()
-        launcher, iface, srun_args = self.cluster
-        cluster = None if launcher == "local" else ClusterLaunch(launcher, iface, srun_args)
-        self.pool = Pool(world_size, backend, sink=NotebookSink(), cluster=cluster)
+        self.pool = Pool(world_size, backend, sink=NotebookSink(), cluster=launch_for(self.cluster))
         return self.pool
-
-    @staticmethod
-    def _cluster_of(pool: Pool) -> tuple[str, str, tuple[str, ...]]:
-        c = pool.cluster
-        return ("local", "", ()) if c is None else (c.launcher, c.iface, c.srun_args)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -114,9 +107,8 @@ def _pool_options(magic: Any, line: str) -> tuple[int, str, Any]:
     current = session().pool
     world_size = _check_world_size(args.nprocs, current.world_size if current else DEFAULT_WORLD_SIZE)
     backend = args.backend or (current.requested_backend if current else "auto")
-    on_cluster = getattr(args, "launcher", None) not in (None, "local") or (
-        getattr(args, "launcher", None) is None and session().cluster[0] != "local")
-    if on_cluster:  # the GPUs that count are on the nodes, not next to this kernel
+    launcher = getattr(args, "launcher", None) or session().cluster[0]  # %%dist has no --launcher
+    if launcher != "local":  # the GPUs that count are on the nodes, not next to this kernel
         return world_size, backend, args
     return world_size, _check_backend(backend, world_size), args
 

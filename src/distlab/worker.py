@@ -161,9 +161,8 @@ class Rank:
             if local_rank >= gpus:  # NCCL refuses two ranks on one GPU: say so before it does
                 from distlab.errors import BackendUnavailable
 
-                raise BackendUnavailable(
-                    f"--backend nccl needs one GPU per rank: {spec.node or 'this node'} runs {local_world} "
-                    f"ranks but has {gpus} GPU(s). Use --backend gloo, or fewer ranks per node.")
+                refusal = BackendUnavailable.nccl_needs_gpus(local_world, gpus)
+                raise BackendUnavailable(f"{spec.node}: {refusal}" if spec.node else str(refusal))
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
         else:
