@@ -180,6 +180,41 @@ SlurmdTimeout=30
         slurmd = self.daemons[node].pid
         return [int(p) for p in done.stdout.split() if int(p) != slurmd]
 
+    def joined_ranks_on(self, node: str) -> list[int]:
+        """Pids of the node's rank processes (python -m distlab.join), found among its namespace's pids."""
+        found = []
+        for pid in self.tasks_on(node):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"distlab.join" in cmdline:
+                found.append(pid)
+        return found
+
+    # --- faults -------------------------------------------------------------------------------
+    def crash_node(self, node: str) -> None:
+        """As if the machine lost power: SIGKILL to its slurmd and everything else it runs."""
+        self.daemons[node].kill()
+        self.daemons[node].wait()
+        for pid in self.tasks_on(node):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def restart_node(self, node: str) -> None:
+        """The machine is back: its slurmd starts again and registers with slurmctld."""
+        self._node(node)
+        self._wait_idle(90.0)
+
+    def cut(self, node: str) -> None:
+        """Unplug the node's cable: its link goes down, its processes keep running."""
+        _run("ip", "-n", f"dl-{node}", "link", "set", BRIDGE, "down")
+
+    def reconnect(self, node: str) -> None:
+        _run("ip", "-n", f"dl-{node}", "link", "set", BRIDGE, "up")
+
     # --- down ---------------------------------------------------------------------------------
     def stop(self) -> None:
         for proc in reversed(list(self.daemons.values())):

@@ -249,18 +249,24 @@ def test_every_launcher_s_rank_variables_are_read(tmp_path: Path) -> None:
     assert join.read_key({"DISTLAB_KEY_FILE": str(key)}) == bytes.fromhex("ab" * 32)
 
 
-def test_nccl_on_a_node_without_enough_gpus_says_why_before_nccl_fails() -> None:
-    from distlab.errors import PoolDied
-
-    pool = Pool(2, "nccl", sink=Quiet(), cluster=ClusterLaunch("external", "lo"), eager_restart=False)
+def test_nccl_on_a_node_without_enough_gpus_says_why_and_falls_back_to_gloo() -> None:
+    """NCCL refuses two ranks on one GPU; the nodes count their GPUs, and every rank moves to gloo."""
+    sink = Quiet()
+    pool = Pool(2, "nccl", sink=sink, cluster=ClusterLaunch("external", "lo"), eager_restart=False)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         pool.start()
-    procs = _launch(_join_env(printed.getvalue()), 2)
+    procs = _launch(dict(_join_env(printed.getvalue()), CUDA_VISIBLE_DEVICES=""), 2)
     try:
-        with pytest.raises(PoolDied) as refused:
+        told = io.StringIO()
+        with contextlib.redirect_stdout(told):
             pool.ensure_ready()
-        assert "needs one GPU per rank" in str(refused.value) and "--backend gloo" in str(refused.value)
+        host = socket.gethostname()
+        assert "NCCL needs one GPU per rank" in told.getvalue(), told.getvalue()
+        assert f"{host}: 2 ranks, 0 GPUs" in told.getvalue() and "use gloo instead" in told.getvalue()
+        assert pool.backend == "gloo"
+        pool.run_cell("t = torch.ones(1)\ndist.all_reduce(t)\nprint(dist.get_backend(), t.item(), device)", "<c>")
+        assert sorted(sink.lines) == [f"[rank {r} @{host}] gloo 2.0 cpu" for r in range(2)]
     finally:
         pool.stop()
         assert wait_gone([p.pid for p in procs], within=10.0) == []

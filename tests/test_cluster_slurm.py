@@ -14,11 +14,14 @@ import contextlib
 import os
 import re
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from kernel_session import KernelSession
+from procs import wait_gone
 from slurm_cluster import NODES, SlurmCluster, skip_reason
 
 pytestmark = [pytest.mark.cluster,
@@ -49,6 +52,7 @@ def kernel(cluster: SlurmCluster) -> Iterator[KernelSession]:
     try:
         reply = session.execute("%load_ext distlab\n" + START, timeout=180)
         assert reply.error is None, reply.traceback + cluster.logs()
+        assert "ranks 0-1 on node dlnode1; ranks 2-3 on node dlnode2" in reply.stdout, reply.stdout
         yield session
     finally:
         session.shutdown()
@@ -92,6 +96,10 @@ def test_a_cell_runs_on_four_ranks_over_two_nodes(kernel: KernelSession) -> None
     assert kernel.value("%dist_pull kept") == [0, 10, 20, 30]
     status = kernel.execute("%dist_status").stdout
     assert "dlnode1" in status and "dlnode2" in status, status
+    traced = kernel.execute("%%dist --trace\nt = torch.ones(4)\ndist.all_reduce(t)")
+    assert traced.error is None, traced.traceback
+    tables = "".join(str(o.get("data", {}).get("text/html", "")) for o in traced.outputs)
+    assert "<caption>rank 0 @dlnode1</caption>" in tables and "<caption>rank 3 @dlnode2</caption>" in tables
 
 
 def test_a_rank_that_raises_fails_the_cell_naming_rank_and_node(kernel: KernelSession) -> None:
@@ -105,32 +113,89 @@ def test_a_rank_that_raises_fails_the_cell_naming_rank_and_node(kernel: KernelSe
     assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
 
 
-def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
-        kernel: KernelSession, cluster: SlurmCluster) -> None:
-    import threading
+LOOP_CELL = ("%%dist --timeout 120\nimport pathlib, time\nfor step in range(1200):\n    t = torch.ones(1)\n"
+             "    dist.all_reduce(t)\n    if step == 0:\n        pathlib.Path(MARKS, f'running-{rank}').touch()\n"
+             "    time.sleep(0.1)")
 
-    def kill_dlnode2_tasks_once_running() -> None:
-        deadline = time.monotonic() + 60
-        while len(cluster.tasks_on("dlnode2")) < 2 and time.monotonic() < deadline:
+
+def _when_every_rank_is_looping(marks: Path, fault: Callable[[], None]) -> threading.Thread:
+    """Run ``fault`` once each rank has finished its first all_reduce of LOOP_CELL (a file says so)."""
+    def wait_then_fault() -> None:
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("running-*"))) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.0)  # the cell is in its loop of all_reduces by now
+        fault()
+
+    thread = threading.Thread(target=wait_then_fault, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
+        kernel: KernelSession, cluster: SlurmCluster, tmp_path: Path) -> None:
+    def kill_dlnode2_tasks() -> None:
         for pid in cluster.tasks_on("dlnode2"):
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
 
-    killer = threading.Thread(target=kill_dlnode2_tasks_once_running, daemon=True)
+    kernel.execute(f"%%dist\nMARKS = {str(tmp_path)!r}")
     started = time.monotonic()
-    killer.start()
-    reply = kernel.execute("%%dist --timeout 120\nimport time\nfor _ in range(600):\n"
-                           "    t = torch.ones(1)\n    dist.all_reduce(t)\n    time.sleep(0.1)", timeout=150)
+    killer = _when_every_rank_is_looping(tmp_path, kill_dlnode2_tasks)
+    reply = kernel.execute(LOOP_CELL, timeout=150)
     killer.join()
     assert reply.error is not None, reply.stdout
     assert time.monotonic() - started < 60  # noticed on its own connections, not SLURM's 30 s
     assert "dlnode2" in reply.traceback, reply.traceback
     after = kernel.execute("%%dist\nprint('back', rank)", timeout=180)
     assert after.error is None, after.traceback
+    assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
+
+
+def test_a_node_that_crashes_mid_cell_fails_it_naming_the_node_and_the_next_cell_runs(
+        kernel: KernelSession, cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Power lost on dlnode2 (its slurmd and every task killed): the kernel sees its connections to
+    ranks 2-3 close, long before SLURM's 30 s; once the node is back, the next cell runs."""
+    kernel.execute(f"%%dist\nMARKS = {str(tmp_path)!r}")
+    started = time.monotonic()
+    fault = _when_every_rank_is_looping(tmp_path, lambda: cluster.crash_node("dlnode2"))
+    reply = kernel.execute(LOOP_CELL, timeout=150)
+    fault.join()
+    assert reply.error is not None, reply.stdout
+    assert time.monotonic() - started < 30, reply.traceback
+    assert "ranks 2-3 on node dlnode2" in reply.traceback, reply.traceback
+    assert "lost its connection to the rank" in reply.traceback, reply.traceback
+    cluster.restart_node("dlnode2")
+    after = kernel.execute("%%dist\nprint('back', rank)", timeout=240)
+    assert after.error is None, after.traceback + cluster.logs()
+    assert sorted(x.split("] ")[1] for x in after.stdout.splitlines() if x.startswith("[rank ")) == [
+        "back 0", "back 1", "back 2", "back 3"]
+
+
+def test_a_network_cut_mid_cell_fails_it_naming_the_node_and_the_cut_off_ranks_exit(
+        kernel: KernelSession, cluster: SlurmCluster, tmp_path: Path) -> None:
+    """dlnode2's cable unplugged: no FIN ever arrives, so only the kit's own keepalive on its
+    connections notices. The cell fails naming the node, the cut-off ranks end themselves (they
+    lost their kernel), and once the cable is back the next cell runs."""
+    kernel.execute(f"%%dist\nMARKS = {str(tmp_path)!r}")
+    cut_off = cluster.joined_ranks_on("dlnode2")
+    assert len(cut_off) == 2
+    started = time.monotonic()
+    fault = _when_every_rank_is_looping(tmp_path, lambda: cluster.cut("dlnode2"))
+    try:
+        reply = kernel.execute(LOOP_CELL, timeout=150)
+        fault.join()
+        failed_after = time.monotonic() - started
+        assert reply.error is not None, reply.stdout
+        assert failed_after < 60, reply.traceback  # ~10 s of keepalive, within the cell's 120 s deadline
+        assert "dlnode2" in reply.traceback and "rank 2" in reply.traceback.replace("ranks 2", "rank 2"), \
+            reply.traceback
+        assert wait_gone(cut_off, within=30.0) == []  # cut off from the kernel, they exit
+    finally:
+        cluster.reconnect("dlnode2")
+    after = kernel.execute("%%dist\nprint('back', rank)", timeout=240)
+    assert after.error is None, after.traceback + cluster.logs()
     assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
 
 

@@ -134,6 +134,18 @@ def test_timeline_pairs_every_send_with_its_receive(ring4: Any) -> None:
     assert viz.PNG(fig)._repr_png_().startswith(b"\x89PNG")
 
 
+def test_on_a_cluster_the_timeline_and_table_say_which_ranks_share_a_node(ring4: Any) -> None:
+    nodes = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+    fig = viz.timeline_figure(ring4.trace, nodes=nodes)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["rank 0 @node-a", "rank 1 @node-a", "rank 2 @node-b", "rank 3 @node-b"]
+    shaded = [p for p in fig.axes[0].patches if p.get_facecolor()[:3] != (1.0, 1.0, 1.0)
+              and p.get_zorder() < 0]
+    assert len(shaded) == 2  # node-b's two lanes
+    html = viz.trace_table_html(ring4.trace, nodes)
+    assert "<caption>rank 2 @node-b</caption>" in html and "<caption>rank 0 @node-a</caption>" in html
+
+
 def test_table_shows_measured_and_theoretical_bytes(ring4: Any) -> None:
     html = viz.trace_table_html(ring4.trace)
     assert html.count("<caption>rank") == 4 and "theoretical bus bytes" in html

@@ -168,7 +168,7 @@ class Hub:
             return
         sock.setblocking(True)
         if sock.family == socket.AF_INET:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            protocol.tune_tcp(sock)
         conn = Connection(sock.detach())
         try:
             protocol.server_handshake(conn, self.key)

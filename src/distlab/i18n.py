@@ -90,6 +90,8 @@ ZH: dict[str, str] = {
     "Rank state was lost: every rank was stopped and the pool restarted with {n} fresh ranks ({backend}).":
         "rank 上的状态已丢失：每个 rank 都被停止，rank 池已用 {n} 个全新的 rank 重启（{backend}）。",
     "the rank process ended (exit status unknown)": "rank 进程结束了（退出状态未知）",
+    "the kernel lost its connection to the rank: its process ended, or its node or the network to it went down":
+        "内核与该 rank 的连接断了：它的进程已结束，或者它所在的节点、或通往该节点的网络出了故障",
     "the rank process was killed by {signal}": "rank 进程被 {signal} 杀死",
     "the rank process exited with code {code}": "rank 进程以退出码 {code} 退出",
     "waiting at {where}": "等待于 {where}",
@@ -104,6 +106,8 @@ ZH: dict[str, str] = {
     "gives each rank the GPU of its SLURM_LOCALID.":
         "distlab：在集群上，本内核看不到各节点的 GPU，所以这些 rank 使用 gloo；--backend nccl 会让每个 rank "
         "使用编号为其 SLURM_LOCALID 的 GPU。",
+    "distlab: NCCL needs one GPU per rank, and a node has fewer ({nodes}): the ranks use gloo instead.":
+        "distlab：NCCL 要求每个 rank 独占一块 GPU，而有节点的 GPU 不够（{nodes}）：所以这些 rank 改用 gloo。",
     "distlab: SLURM has not started the ranks yet: {pending}. Waiting; interrupt the cell to withdraw "
     "the request.": "distlab：SLURM 还没有启动这些 rank：{pending}。正在等待；中断单元格即可撤回请求。",
     "--backend nccl needs one GPU per rank: {n} ranks but {gpus} GPU(s) visible. "

@@ -162,7 +162,7 @@ class DistMagics(Magics):
             state.last_trace = [pickle.loads(dones[r].trace) if dones[r].trace else [] for r in sorted(dones)]  # type: ignore[arg-type]
             from distlab.viz import show_trace
 
-            show_trace(state.last_trace)
+            show_trace(state.last_trace, pool.nodes)
 
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, default=None, help="number of ranks")
@@ -198,7 +198,9 @@ class DistMagics(Magics):
             state.cluster = (args.launcher, args.iface or "", srun_args)
         pool = state.pool_for(world_size, backend)
         pool.ensure_ready()
-        print(tr("distlab: {n} ranks ready ({backend})", n=pool.world_size, backend=pool.backend))
+        where = pool.where()
+        print(tr("distlab: {n} ranks ready ({backend})", n=pool.world_size, backend=pool.backend)
+              + (f": {where}" if where else ""))
 
     @line_magic
     def dist_stop(self, line: str) -> None:

@@ -179,9 +179,14 @@ class Pool:
         self.nodes = {rank: hello.node for rank, hello in hellos.items()}
         if hasattr(self.sink, "nodes"):
             self.sink.nodes = dict(self.nodes)  # output lines say which host printed them
+        refusals = sorted({hello.nccl_refusal for hello in hellos.values() if hello.nccl_refusal})
+        if refusals:  # all ranks must agree, so all move to gloo; the next generations start there
+            self.backend = "gloo"
+            print(tr("distlab: NCCL needs one GPU per rank, and a node has fewer ({nodes}): the ranks use gloo instead.",
+                     nodes="; ".join(refusals)), flush=True)
         address, _, port = hellos[0].store.rpartition(":")
         for handle in self.handles.values():
-            protocol.send(handle.conn, protocol.Rendezvous(address, int(port)))
+            protocol.send(handle.conn, protocol.Rendezvous(address, int(port), self.backend))
         self._rendezvous_sent = True
 
     def _cluster_log(self) -> str:
@@ -290,6 +295,15 @@ class Pool:
         self.handles = {}
         self.hub.forget(self.pool_id, self.generation)
         self.started = False
+
+    def where(self, ranks: Sequence[int] | None = None) -> str:
+        """On a cluster: which node each rank runs on, "ranks 0-1 on node a; ..." ("" on one machine)."""
+        by_node: dict[str, list[int]] = {}
+        for rank in sorted(set(range(self.world_size) if ranks is None else ranks)):
+            by_node.setdefault(self.nodes.get(rank, "?"), []).append(rank)
+        if not self.nodes or not by_node:
+            return ""
+        return "; ".join(tr("{ranks} on node {node}", ranks=rank_label(rs), node=node) for node, rs in by_node.items())
 
     def status(self) -> list[dict[str, Any]]:
         exits = self.hub.exits(self.pool_id, self.generation) if self.started else {}
@@ -534,24 +548,15 @@ class _Waiter:
                 if self.lost[rank] is None and rank in exits:
                     self.lost[rank] = exits[rank]
 
-    def where(self, ranks: Sequence[int]) -> str:
-        """On a cluster: which node each rank ran on ("" on one machine)."""
-        nodes = self.pool.nodes
-        by_node: dict[str, list[int]] = {}
-        for rank in sorted(set(ranks)):
-            by_node.setdefault(nodes.get(rank, "?"), []).append(rank)
-        if not nodes or not by_node:
-            return ""
-        return "; ".join(tr("{ranks} on node {node}", ranks=rank_label(rs), node=node) for node, rs in by_node.items())
-
     def conclude(self, timeout: float, cell_lines: dict[str, list[str]]) -> dict[int, Done]:
         pool = self.pool
         failures = [d.failure for r, d in sorted(self.dones.items()) if d.failure is not None]
         involved = [f.rank for f in failures] + list(self.lost) + list(self.pending)
-        where = self.where(involved)
+        where = pool.where(involved)
         if self.lost:
             self._exit_codes()
-            failures += [crash_failure(rank, code) for rank, code in sorted(self.lost.items())]
+            remote = pool.cluster is not None
+            failures += [crash_failure(rank, code, remote) for rank, code in sorted(self.lost.items())]
             failures.sort(key=lambda f: f.rank)
         if self.pending:
             stuck = sorted(self.pending)
@@ -582,8 +587,13 @@ class _Waiter:
         return self.dones
 
 
-def crash_failure(rank: int, code: int | None) -> RankFailure:
-    if code is None:
+def crash_failure(rank: int, code: int | None, remote: bool = False) -> RankFailure:
+    """A rank that went away mid-task. On another host the kernel learns no exit status: all it
+    sees is its connection closed, or (a dead node, a cut network) timed out."""
+    if code is None and remote:
+        message = tr("the kernel lost its connection to the rank: its process ended, or its node or the "
+                     "network to it went down")
+    elif code is None:
         message = tr("the rank process ended (exit status unknown)")
     elif code < 0:
         try:

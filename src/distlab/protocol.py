@@ -28,6 +28,7 @@ from typing import Literal, Union
 
 HANDSHAKE_TIMEOUT = 5.0
 CHALLENGE_WAIT = 120.0
+LOST_AFTER = 10.0  # seconds of silence from a peer's host (not its program) before its TCP link is dropped
 _MAGIC = b"DISTLAB1"
 
 
@@ -96,6 +97,7 @@ class RankHello:
     pid: int
     node: str = ""  # a joined rank's host name (ranks forked here leave it empty)
     store: str = ""  # a joined rank 0's "address:port" of the TCPStore it listens on
+    nccl_refusal: str = ""  # a joined rank asked for nccl on a node with too few GPUs: why
     kind: Literal["rank_hello"] = "rank_hello"
 
 
@@ -112,10 +114,12 @@ class ControlHello:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Sent to every joined rank once all have said hello: where rank 0's TCPStore listens."""
+    """Sent to every joined rank once all have said hello: where rank 0's TCPStore listens, and
+    the backend every rank uses (gloo when some node has too few GPUs for nccl)."""
 
     master_addr: str
     master_port: int
+    backend: str
     kind: Literal["rendezvous"] = "rendezvous"
 
 
@@ -286,6 +290,26 @@ def client_handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_TI
         raise HandshakeFailed("the hub did not prove it holds the key")
 
 
+def tune_tcp(sock: socket.socket) -> None:
+    """Small messages go out at once, and a peer whose host stops answering is noticed.
+
+    Why: a node that loses power or network sends no FIN, so without this a socket to it looks
+    open for hours (TCP retries for about 15 minutes, and an idle socket never notices). With
+    keepalive probes every second after 2 idle seconds and a user timeout for unanswered data, both
+    ends see an error within about ``LOST_AFTER`` s: the kernel reports the rank lost, and the rank,
+    cut off from its kernel, exits. A busy rank still answers: the peer's TCP stack acknowledges,
+    not the program.
+    """
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    probes = {"TCP_KEEPIDLE": 2, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": int(LOST_AFTER) - 2,
+              "TCP_USER_TIMEOUT": int(LOST_AFTER * 1000)}
+    for name, value in probes.items():
+        option = getattr(socket, name, None)  # Linux has them all; other systems some
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 def connect(path: str, key: bytes) -> Connection:
     """Open an authenticated connection to the kernel's hub: a Unix socket path, or "host:port"
     for a rank on another machine (cluster mode)."""
@@ -296,7 +320,7 @@ def connect(path: str, key: bytes) -> Connection:
         host, _, port = path.rpartition(":")
         sock = socket.create_connection((host, int(port)), timeout=CHALLENGE_WAIT)
         sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_tcp(sock)
     conn = Connection(sock.detach())
     try:
         client_handshake(conn, key)

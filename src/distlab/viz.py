@@ -112,14 +112,24 @@ def p2p_messages(traces: Trace) -> list[dict[str, Any]]:
     return out
 
 
+def rank_names(n: int, nodes: dict[int, str] | None = None) -> list[str]:
+    """"rank 3", or "rank 3 @node2" when the ranks run on several hosts (cluster mode)."""
+    nodes = nodes or {}
+    return [f"rank {r} @{nodes[r]}" if nodes.get(r) else f"rank {r}" for r in range(n)]
+
+
 def timeline_figure(traces: Trace, title: str | None = None,
-                    spans: Sequence[Sequence[dict[str, Any]]] | None = None) -> Figure:
+                    spans: Sequence[Sequence[dict[str, Any]]] | None = None,
+                    nodes: dict[int, str] | None = None) -> Figure:
     """One lane per rank, one box per call (hatched tail: async call until its wait
     returned), arrows from each send to its matching receive. Times in ms from the first call.
 
     ``spans`` (per rank, dicts with ``label``, ``t_start``, ``t_end`` from ``time.perf_counter``)
     adds the rank's own work, say each layer's backward, as grey boxes in the upper half of its
     lane, with the calls in the lower half: what overlaps what.
+
+    ``nodes`` (rank -> host, on a cluster) names each lane's host and shades every other host's
+    lanes, so the arrows that cross between machines stand out.
     """
     enable_figure_display()
     calls = _calls(traces)
@@ -163,7 +173,11 @@ def timeline_figure(traces: Trace, title: str | None = None,
         ax.annotate("", xy=(xr, m["dst"]), xytext=(xs, m["src"]),
                     arrowprops={"arrowstyle": "->", "color": "#333333", "lw": 0.8,
                                 "shrinkA": 0, "shrinkB": 0})
-    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
+    hosts = sorted({nodes[r] for r in range(n) if nodes and nodes.get(r)})
+    for r in range(n):
+        if nodes and nodes.get(r) in hosts and hosts.index(nodes[r]) % 2:
+            ax.axhspan(r - 0.5, r + 0.5, color="#eef3fb", zorder=-1)
+    ax.set_yticks(range(n), rank_names(n, nodes))
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlabel("time since first call (ms)")
     ax.set_title(title or "torch.distributed calls per rank")
@@ -174,12 +188,13 @@ def timeline_figure(traces: Trace, title: str | None = None,
     return fig
 
 
-def trace_table_html(traces: Trace) -> str:
+def trace_table_html(traces: Trace, nodes: dict[int, str] | None = None) -> str:
     """Per rank and operation: calls, message size, logical bytes sent/received, the
     theoretical bus bytes (nccl-tests factors), time spent and the measured bus bandwidth."""
     head = ("<tr><th>op</th><th>calls</th><th>size</th><th>sent</th><th>received</th>"
             "<th>theoretical bus bytes</th><th>time (ms)</th><th>busbw (GB/s)</th></tr>")
     parts = ['<div style="display:flex;flex-wrap:wrap;gap:1.5em">']
+    names = rank_names(len(traces), nodes)
     for rank, rank_records in enumerate(_calls(traces)):
         rows: dict[str, list[float]] = {}
         for rec in rank_records:
@@ -196,20 +211,21 @@ def trace_table_html(traces: Trace) -> str:
                         f"<td>{dt * 1e3:.3f}</td><td>{bw}</td></tr>")
         if not body:
             body.append('<tr><td colspan="8">no torch.distributed calls</td></tr>')
-        parts.append(f'<table class="distlab-trace"><caption>rank {rank}</caption>'
+        parts.append(f'<table class="distlab-trace"><caption>{html.escape(names[rank])}</caption>'
                      f"{head}{''.join(body)}</table>")
     parts.append("</div>")
     return "".join(parts)
 
 
-def show_trace(traces: Trace) -> None:
-    """Display the timeline and the per-rank table of a trace (called after ``--trace``)."""
+def show_trace(traces: Trace, nodes: dict[int, str] | None = None) -> None:
+    """Display the timeline and the per-rank table of a trace (called after ``--trace``);
+    ``nodes`` names each rank's host on a cluster."""
     from IPython.display import HTML
 
     if not any(_calls(traces)):
         _display(HTML("<p>trace: no torch.distributed calls were made.</p>"))
         return
-    _display(PNG(timeline_figure(traces)), HTML(trace_table_html(traces)))
+    _display(PNG(timeline_figure(traces, nodes=nodes)), HTML(trace_table_html(traces, nodes)))
 
 
 def show_buffers(buffers: Sequence[Any], title: str | None = None,

@@ -8,6 +8,7 @@ persists for the life of the rank, like a notebook kernel's.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import datetime
 import faulthandler
 import linecache
@@ -77,7 +78,8 @@ class Rank:
         self.spec = spec
         self.conn = protocol.connect(spec.hub_path, spec.key)
         self._lock = threading.Lock()
-        self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid(), spec.node, spec.store_addr))
+        self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid(), spec.node, spec.store_addr,
+                            self._nccl_refusal()))
         self.master_addr, self.master_port = "127.0.0.1", spec.store_port
         if spec.joined:
             self._start_control()
@@ -90,6 +92,18 @@ class Rank:
     def join(self, store_socket: socket.socket | None) -> None:
         self.device = self._join(store_socket)
         self.namespace = self._namespace()
+
+    def _nccl_refusal(self) -> str:
+        """Why NCCL cannot work for this joined rank ("" if it can): NCCL refuses two ranks on one
+        GPU, and only the node itself can count its GPUs. The kernel then moves every rank to gloo."""
+        spec = self.spec
+        if not spec.joined or spec.backend != "nccl":
+            return ""
+        gpus = torch.cuda.device_count()
+        local_rank = spec.rank if spec.local_rank < 0 else spec.local_rank
+        if local_rank < gpus:
+            return ""
+        return f"{spec.node}: {spec.local_world_size or spec.world_size} ranks, {gpus} GPUs"
 
     def _stack_path(self) -> str:
         spec = self.spec
@@ -143,6 +157,8 @@ class Rank:
         if not isinstance(message, protocol.Rendezvous):
             raise RuntimeError(f"expected the rendezvous, got {type(message).__name__}")
         self.master_addr, self.master_port = message.master_addr, message.master_port
+        if message.backend != self.spec.backend:  # every rank moved to gloo: see _nccl_refusal
+            self.spec = dataclasses.replace(self.spec, backend=message.backend)
 
     def _join(self, store_socket: socket.socket | None) -> torch.device:
         spec = self.spec
@@ -156,6 +172,7 @@ class Rank:
             "MASTER_PORT": str(self.master_port),
         })
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        spec = self.spec  # the rendezvous may have changed the backend
         if spec.backend == "nccl":
             gpus = torch.cuda.device_count()
             if local_rank >= gpus:  # NCCL refuses two ranks on one GPU: say so before it does
@@ -326,7 +343,7 @@ def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:
         rank.join(store_socket)
     except BaseException:  # noqa: BLE001 - tell the kernel why this rank could not join, then exit
         rank.output.sync()
-        rank.send(RankReady(spec.rank, spec.backend, "", error=traceback.format_exc()))
+        rank.send(RankReady(spec.rank, rank.spec.backend, "", error=traceback.format_exc()))
         return 1
     if store_socket is not None:
         store_socket.close()
