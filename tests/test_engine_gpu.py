@@ -49,3 +49,49 @@ def test_cuda_results_come_back_on_the_cpu() -> None:
 
     (tensor,) = distlab.run(make, world_size=1, backend="nccl")
     assert tensor.device.type == "cpu"
+
+
+def test_a_traced_nccl_call_ends_when_the_device_is_done_not_when_it_was_queued() -> None:
+    """NCCL returns once the work is on a CUDA stream; the trace synchronises before its clock."""
+    def traced_vs_events() -> tuple[float, float]:
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from distlab import trace
+
+        t = torch.ones(64 * 2**20, device=torch.device("cuda", int(os.environ["LOCAL_RANK"])))  # 256 MB
+        dist.all_reduce(t)  # warm up
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dist.all_reduce(t)
+        end.record()
+        torch.cuda.synchronize()
+        with trace.recording() as calls:
+            dist.all_reduce(t)
+        return calls[0]["t_end"] - calls[0]["t_start"], start.elapsed_time(end) / 1e3
+
+    for traced, device in distlab.run(traced_vs_events, world_size=min(GPUS, 2), backend="nccl"):
+        assert traced >= 0.5 * device, (traced, device)
+
+
+def test_an_nccl_hang_fails_the_cell_within_its_deadline_and_the_next_cell_works() -> None:
+    from kernel_session import KernelSession
+
+    world = min(GPUS, 2)
+    if world < 2:
+        pytest.skip("a mismatched collective needs two GPUs")
+    kernel = KernelSession()
+    try:
+        kernel.execute(f"%load_ext distlab\n%dist_start -n {world} --backend nccl", timeout=180)
+        reply = kernel.execute("%%dist --timeout 20\nt = torch.ones(4, device=device)\n"
+                               "if rank == 0:\n    dist.all_reduce(t)\ntorch.cuda.synchronize()", timeout=90)
+        assert reply.error is not None and reply.error["ename"] == "RankTimeout", reply.stdout
+        after = kernel.execute("%%dist\nt = torch.ones(4, device=device)\ndist.all_reduce(t)\nprint(t[0].item())",
+                               timeout=180)
+        assert after.error is None, after.traceback
+        assert after.stdout.count(f"{float(world)}") == world
+    finally:
+        kernel.shutdown()

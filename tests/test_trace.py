@@ -242,3 +242,21 @@ def test_blocking_calls_are_recorded_once_as_blocking_with_their_results() -> No
         assert t == [2.0] * 4 and out == [0.0, 0.0, 1.0, 1.0]
         assert calls == [("all_reduce", False, None, True), ("all_gather_into_tensor", False, None, True),
                          ("barrier", False, None, True)]
+
+
+def test_the_recorder_never_initialises_cuda_on_a_cpu_rank() -> None:
+    """It synchronises the device before its clock only where CUDA is already in use (NCCL)."""
+    import distlab
+
+    def traced() -> bool:
+        import torch
+        import torch.distributed as dist
+
+        from distlab import trace
+
+        with trace.recording() as calls:
+            dist.all_reduce(torch.ones(4))
+            dist.all_reduce(torch.ones(4), async_op=True).wait()
+        return len(calls) == 2 and not torch.cuda.is_initialized()
+
+    assert distlab.run(traced, world_size=2) == [True, True]

@@ -109,6 +109,7 @@ class TracedWork:
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
+        _device_done()
         now = time.perf_counter()
         prev = self._record["t_wait"]
         self._record["t_wait"] = now if prev is None else max(prev, now)
@@ -284,10 +285,20 @@ def _overlapped_call(op: str, fn: Callable[..., Any], names: list[str], where: t
     return None
 
 
+def _device_done() -> None:
+    """NCCL returns as soon as the work is queued on a CUDA stream (and ``wait()`` makes only the
+    stream wait): let the device finish before reading the clock, or the timeline shows the launch,
+    not the transfer. Free on a CPU-only rank, where CUDA is never initialised."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _close(rec: dict[str, Any], stack: list[dict[str, Any]], error: BaseException | None = None) -> None:
     """The call has returned (or raised ``error``): stamp its end and leave it."""
     if error is not None:
         rec["error"] = f"{type(error).__name__}: {error}"
+    elif not rec.get("async"):  # an async call ends at its wait(): TracedWork synchronises there
+        _device_done()
     rec["t_end"], rec["wall_end"] = time.perf_counter(), time.time()
     stack.pop()
 
