@@ -88,3 +88,34 @@ def test_run_leaves_no_rank_behind() -> None:
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as listing:
         return [int(p) for p in listing.read().split()]
+
+
+@pytest.mark.parametrize("source, status, error", [
+    ("x = rank", "finished", None),
+    ("if rank == 1:\n    raise ValueError('no')", "failed", "RankError"),
+    ("import os\nif rank == 1:\n    os._exit(3)", "lost", "RankError"),
+    ("t = torch.zeros(1)\nif rank == 1:\n    raise ValueError('no')\ndist.all_reduce(t)", "hung", "RankTimeout"),
+    ("t = torch.zeros(1)\ndist.recv(t, src=1 - rank)", "timed_out", "RankTimeout"),
+])
+def test_every_wait_ends_in_one_outcome_value(source: str, status: str, error: str | None) -> None:
+    """The pool's wait returns what became of the task; the magic raises the error it renders to."""
+    from distlab import protocol
+    from distlab.pool import Pool
+
+    pool = Pool(2, "gloo", eager_restart=False)
+    try:
+        outcome = pool.submit(lambda t: protocol.RunCell(t, source, "<cell>", False), None, timeout=3,
+                              cell_lines={"<cell>": source.splitlines()})
+        assert outcome.status == status
+        assert type(outcome.error()).__name__ == str(error) if error else outcome.error() is None
+        if status in ("hung", "timed_out"):
+            assert sorted(outcome.stacks) == ([0] if status == "hung" else [0, 1])
+            assert "Rank state was lost" in outcome.note  # and the pool was restarted
+        if status == "lost":
+            assert outcome.failures[0].rank == 1 and outcome.failures[0].exitcode == 3
+        if status == "finished":
+            assert sorted(outcome.dones) == [0, 1]
+        if status == "failed":
+            assert [(f.rank, f.exc_type) for f in outcome.failures] == [(1, "ValueError")]
+    finally:
+        pool.stop()

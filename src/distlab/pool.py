@@ -18,9 +18,9 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import cloudpickle
 
@@ -345,6 +345,15 @@ class Pool:
 
     def execute(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
                 timeout: float, cell_lines: dict[str, list[str]] | None = None) -> dict[int, Done]:
+        """Run one task on ``ranks``; every rank's Done, or the outcome's error raised."""
+        outcome = self.submit(make_task, ranks, timeout, cell_lines)
+        error = outcome.error()
+        if error is not None:
+            raise error
+        return outcome.dones
+
+    def submit(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
+               timeout: float, cell_lines: dict[str, list[str]] | None = None) -> Outcome:
         """Send one task to ``ranks`` (all by default) and wait for every one of them, with a deadline."""
         self.ensure_ready()
         self.used = True
@@ -370,7 +379,7 @@ class Pool:
                 end()
             for handle in self.handles.values():
                 handle.busy = False
-        return waiter.conclude(timeout, cell_lines or {})
+        return waiter.outcome(timeout, cell_lines or {})
 
     # --- used by the waiter -------------------------------------------------------------------
     def signal_ranks(self, ranks: Sequence[int], signum: int) -> None:
@@ -548,43 +557,79 @@ class _Waiter:
                 if self.lost[rank] is None and rank in exits:
                     self.lost[rank] = exits[rank]
 
-    def conclude(self, timeout: float, cell_lines: dict[str, list[str]]) -> dict[int, Done]:
+    def outcome(self, timeout: float, cell_lines: dict[str, list[str]]) -> Outcome:
+        """What the task came to. Ranks still running are stopped here (their stacks taken first)
+        and, like lost ranks, replaced by a fresh generation: the only place a task restarts the pool."""
         pool = self.pool
         failures = [d.failure for r, d in sorted(self.dones.items()) if d.failure is not None]
-        involved = [f.rank for f in failures] + list(self.lost) + list(self.pending)
-        where = pool.where(involved)
+        where = pool.where([f.rank for f in failures] + list(self.lost) + list(self.pending))
         if self.lost:
             self._exit_codes()
             remote = pool.cluster is not None
             failures += [crash_failure(rank, code, remote) for rank, code in sorted(self.lost.items())]
             failures.sort(key=lambda f: f.rank)
-        if self.pending:
-            stuck = sorted(self.pending)
-            stacks = pool.take_stacks(stuck)
-            note = "\n".join(filter(None, [where, pool.fresh_start()]))
-            if self.interrupted_at is not None:
-                report = format_stacks(stacks, cell_lines)
-                raise CellInterrupted(
-                    tr("interrupted; {ranks} did not stop within {grace} s and were killed",
-                       ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}"),
-                    "\n".join(filter(None, [format_failures(failures) if failures else "", report, note])))
-            if self.reason == "deadline" and not failures:
-                reason = tr("the cell ran past its {timeout} s deadline: {ranks} still running "
-                            "(a deadlock, or raise --timeout)", timeout=f"{timeout:g}", ranks=rank_label(stuck))
-            else:
-                bad = sorted({f.rank for f in failures})
-                template = ("{bad} failed and {stuck} hung waiting for it (stopped {grace} s later)"
-                            if len(bad) == 1 else
-                            "{bad} failed and {stuck} hung waiting for them (stopped {grace} s later)")
-                reason = tr(template, bad=rank_label(bad), stuck=rank_label(stuck), grace=f"{HANG_GRACE:g}")
-            raise RankTimeout.hung(reason, stacks, failures, cell_lines, note)
+        stuck = sorted(self.pending)
+        stacks = pool.take_stacks(stuck) if stuck else {}
+        restarted = pool.fresh_start() if stuck or self.lost else ""
+        note = "\n".join(filter(None, [where if failures or stuck else "", restarted]))
         if self.interrupted_at is not None:
-            raise CellInterrupted(tr("interrupted: every rank stopped"),
-                                  format_failures(failures) if failures else "")
-        if failures:
-            note = "\n".join(filter(None, [where, pool.fresh_start() if self.lost else ""]))
-            raise RankError.from_failures(failures, pool.world_size, note)
-        return self.dones
+            status: Status = "interrupted"
+        elif stuck:
+            status = "timed_out" if self.reason == "deadline" and not failures else "hung"
+        elif self.lost:
+            status = "lost"
+        else:
+            status = "failed" if failures else "finished"
+        return Outcome(status, pool.world_size, self.dones, failures, stacks, note, cell_lines, timeout)
+
+Status = Literal["finished", "failed", "lost", "hung", "timed_out", "interrupted"]
+
+
+@dataclass
+class Outcome:
+    """What one task came to on the ranks it was sent to: the one value a wait returns.
+
+    ``finished``: every rank returned. ``failed``: some raised. ``lost``: some rank's process or
+    connection went away (the pool was restarted). ``hung``: ranks were still waiting after
+    another failed, and ``timed_out``: the deadline passed with ranks still running (their
+    ``stacks`` say where; restarted). ``interrupted``: the user pressed stop.
+    """
+
+    status: Status
+    world_size: int
+    dones: dict[int, Done]
+    failures: list[RankFailure]
+    stacks: dict[int, str]  # every rank still running when the wait ended -> its stack ("": no answer)
+    note: str = ""  # which node each involved rank ran on, and the restart, if any
+    cell_lines: dict[str, list[str]] = field(default_factory=dict)
+    timeout: float = 0.0
+
+    def error(self) -> RankError | RankTimeout | CellInterrupted | None:
+        """The exception that renders this outcome in a notebook (None when it finished)."""
+        stuck = sorted(self.stacks)
+        failed = format_failures(self.failures) if self.failures else ""
+        if self.status == "interrupted":
+            if not stuck:
+                return CellInterrupted(tr("interrupted: every rank stopped"),
+                                       "\n".join(filter(None, [failed, self.note])))
+            report = format_stacks(self.stacks, self.cell_lines)
+            return CellInterrupted(
+                tr("interrupted; {ranks} did not stop within {grace} s and were killed",
+                   ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}"),
+                "\n".join(filter(None, [failed, report, self.note])))
+        if self.status == "timed_out":
+            reason = tr("the cell ran past its {timeout} s deadline: {ranks} still running "
+                        "(a deadlock, or raise --timeout)", timeout=f"{self.timeout:g}", ranks=rank_label(stuck))
+            return RankTimeout.hung(reason, self.stacks, self.failures, self.cell_lines, self.note)
+        if self.status == "hung":
+            bad = sorted({f.rank for f in self.failures})
+            template = ("{bad} failed and {stuck} hung waiting for it (stopped {grace} s later)" if len(bad) == 1
+                        else "{bad} failed and {stuck} hung waiting for them (stopped {grace} s later)")
+            reason = tr(template, bad=rank_label(bad), stuck=rank_label(stuck), grace=f"{HANG_GRACE:g}")
+            return RankTimeout.hung(reason, self.stacks, self.failures, self.cell_lines, self.note)
+        if self.failures:
+            return RankError.from_failures(self.failures, self.world_size, self.note)
+        return None
 
 
 def crash_failure(rank: int, code: int | None, remote: bool = False) -> RankFailure:
