@@ -110,7 +110,7 @@ class Hub:
 
     # --- waiting ------------------------------------------------------------------------------
     def wait(self, conns: list[Connection], timeout: float) -> list[Connection]:
-        """Wait for any of ``conns`` (or a new arrival); meanwhile record rank exits."""
+        """Wait for any of ``conns``, or for news from the hub's thread (an arrival, a rank exit)."""
         # select.poll directly, not multiprocessing's wait(): that builds a selector each time,
         # and the kernel waits several times per cell.
         poller = select.poll()
@@ -118,17 +118,12 @@ class Hub:
         for fd in by_fd:
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        launcher = self._launcher_conn
-        if launcher is not None:
-            poller.register(launcher.fileno(), select.POLLIN)
         ready = {fd for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))}
         if self._wake_r in ready:
             try:
                 os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
-        if launcher is not None and launcher.fileno() in ready:
-            self._drain_launcher()
         return [c for fd, c in by_fd.items() if fd in ready]
 
     def listen_tcp(self, address: str) -> str:
@@ -145,14 +140,17 @@ class Hub:
         return f"{host}:{port}"
 
     def _accept_forever(self) -> None:
-        """Accept and authenticate peers at once, even while the kernel is idle between cells.
+        """Accept and authenticate peers at once, even while the kernel is idle between cells, and
+        record what the launcher reports (rank exits) as it comes.
 
-        Ranks then finish joining their process group while the learner reads, and nobody waits
-        on a handshake the kernel is not looking at.
+        Ranks then finish joining their process group while the learner reads, nobody waits on a
+        handshake the kernel is not looking at, and a wait in the kernel has no side effects.
         """
         while True:
             listeners = [self._listener] + ([self._tcp] if self._tcp is not None else [])
-            readable, _, _ = select.select([x.fileno() for x in listeners] + [self._stop_r], [], [])
+            launcher = self._launcher_conn if not self.closed else None
+            fds = [x.fileno() for x in listeners] + [self._stop_r] + ([launcher.fileno()] if launcher else [])
+            readable, _, _ = select.select(fds, [], [])
             if self._stop_r in readable:
                 if os.read(self._stop_r, 1) != b"+":
                     return
@@ -160,6 +158,9 @@ class Hub:
             for listener in listeners:
                 if listener.fileno() in readable:
                     self._accept_one(listener)
+            if launcher is not None and launcher.fileno() in readable:
+                self._drain_launcher(launcher)
+                os.write(self._wake_w, b"!")
 
     def _accept_one(self, listener: socket.socket) -> None:
         try:
@@ -193,17 +194,18 @@ class Hub:
                 conn.close()
         os.write(self._wake_w, b"!")
 
-    def _drain_launcher(self) -> None:
-        assert self._launcher_conn is not None
-        while self._launcher_conn.poll(0):
+    def _drain_launcher(self, launcher: Connection) -> None:
+        while True:
             try:
-                message = protocol.recv(self._launcher_conn)
+                if not launcher.poll(0):
+                    return
+                message = protocol.recv(launcher)
             except (EOFError, OSError):
-                self._launcher_conn.close()
-                self.closed = True
+                self.closed = True  # the launcher is gone; close() closes the connection
                 return
             if isinstance(message, RankExited):
-                self._exits[(message.pool_id, message.generation)][message.rank] = message.returncode
+                with self._lock:
+                    self._exits[(message.pool_id, message.generation)][message.rank] = message.returncode
 
     def take_arrivals(self, pool_id: str, generation: int) -> dict[int, tuple[Connection, int]]:
         with self._lock:
@@ -218,13 +220,15 @@ class Hub:
             return dict(self._controls.get((pool_id, generation), {}))
 
     def exits(self, pool_id: str, generation: int) -> dict[int, int]:
-        return self._exits.get((pool_id, generation), {})
+        with self._lock:
+            return dict(self._exits.get((pool_id, generation), {}))
 
     def forget(self, pool_id: str, generation: int) -> None:
         for conn, _ in self.take_arrivals(pool_id, generation).values():
             conn.close()
-        self._exits.pop((pool_id, generation), None)
-        self._hellos.pop((pool_id, generation), None)
+        with self._lock:
+            self._exits.pop((pool_id, generation), None)
+            self._hellos.pop((pool_id, generation), None)
         for conn in self._controls.pop((pool_id, generation), {}).values():
             conn.close()
 
@@ -252,11 +256,11 @@ class Hub:
             except (ProcessLookupError, PermissionError):
                 pass
             self.launcher.wait()
+        os.write(self._stop_w, b"!")  # the thread first: it may be reading the launcher's connection
+        self._acceptor.join(timeout=protocol.HANDSHAKE_TIMEOUT + 1.0)
+        self._acceptor = None
         if self._launcher_conn is not None:
             self._launcher_conn.close()
-        os.write(self._stop_w, b"!")
-        self._acceptor.join(timeout=2.0)
-        self._acceptor = None
         self._listener.close()
         if self._tcp is not None:
             self._tcp.close()
