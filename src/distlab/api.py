@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pickle
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from distlab.cluster import ClusterLaunch, launch_for
-from distlab.pool import Pool
+from distlab.pool import Pool, traces_of, values_of
 
 
 class RunResult(list):  # type: ignore[type-arg]
@@ -52,7 +51,7 @@ def run(
         dones = pool.call(fn, args, kwargs, timeout=timeout, trace=trace)
     finally:
         pool.stop()
-    result = RunResult(pickle.loads(dones[r].value) for r in sorted(dones))  # type: ignore[arg-type]
+    result = RunResult(values_of(dones))
     if trace:
-        result.trace = [pickle.loads(dones[r].trace) if dones[r].trace else [] for r in sorted(dones)]  # type: ignore[arg-type]
+        result.trace = traces_of(dones)
     return result

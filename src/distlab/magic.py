@@ -7,7 +7,6 @@ call and the pool's outcome into what a learner sees.
 from __future__ import annotations
 
 import itertools
-import pickle
 import shlex
 import sys
 from typing import Any
@@ -21,7 +20,7 @@ from distlab.backends import BACKENDS, resolve_backend
 from distlab.cluster import LAUNCHERS, LOCAL, Settings, launch_for, settings_of
 from distlab.errors import BackendUnavailable
 from distlab.i18n import tr
-from distlab.pool import Pool, PrintSink
+from distlab.pool import Pool, PrintSink, traces_of
 from distlab.report import parse_ranks
 
 DEFAULT_WORLD_SIZE = 4
@@ -159,7 +158,7 @@ class DistMagics(Magics):
         pool = state.pool_for(world_size, backend)
         dones = pool.run_cell(cell, state.next_filename(), ranks, args.timeout, args.trace)
         if args.trace:
-            state.last_trace = [pickle.loads(dones[r].trace) if dones[r].trace else [] for r in sorted(dones)]  # type: ignore[arg-type]
+            state.last_trace = traces_of(dones)
             from distlab.viz import show_trace
 
             show_trace(state.last_trace, pool.nodes)

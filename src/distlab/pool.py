@@ -335,8 +335,7 @@ class Pool:
         return self.execute(lambda t: protocol.RunFunction(t, payload, trace, path), None, timeout)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> list[Any]:
-        dones = self.execute(lambda t: protocol.Pull(t, name), ranks, timeout)
-        return [pickle.loads(dones[r].value) for r in sorted(dones)]  # type: ignore[arg-type]
+        return values_of(self.execute(lambda t: protocol.Pull(t, name), ranks, timeout))
 
     def push(self, name: str, value: Any, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> None:
         payload = cloudpickle.dumps(value)
@@ -462,6 +461,19 @@ class Pool:
             self.start()
         return tr("Rank state was lost: every rank was stopped and the pool restarted with {n} fresh "
                   "ranks ({backend}).", n=self.world_size, backend=self.backend)
+
+
+def values_of(dones: dict[int, Done]) -> list[Any]:
+    """Each rank's returned value, in rank order. The one place the kernel unpickles a rank's
+    result: only bytes it asked for, from ranks that proved they hold the pool's key."""
+    values = [dones[r].value for r in sorted(dones)]
+    return [pickle.loads(value) if value is not None else None for value in values]
+
+
+def traces_of(dones: dict[int, Done]) -> list[list[dict[str, Any]]]:
+    """Each rank's recorded torch.distributed calls (``--trace``), in rank order."""
+    traces = [dones[r].trace for r in sorted(dones)]
+    return [pickle.loads(trace) if trace else [] for trace in traces]
 
 
 def _still_open(conn: Connection) -> bool:
