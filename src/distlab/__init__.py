@@ -9,6 +9,7 @@ from typing import Any
 
 from distlab.api import RunResult, run
 from distlab.errors import BackendUnavailable, CellInterrupted, DistlabError, PoolDied, RankError, RankTimeout
+from distlab.records import CallRecord
 
 __all__ = [
     "BackendUnavailable", "CellInterrupted", "DistlabError", "PoolDied", "RankError", "RankTimeout",
@@ -30,7 +31,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     unregister(ipython)
 
 
-def last_trace() -> list[list[dict[str, Any]]] | None:
+def last_trace() -> list[list[CallRecord]] | None:
     """The per-rank call records of the last ``%%dist --trace`` cell (None before any)."""
     from distlab.magic import session
 

@@ -8,12 +8,13 @@ from typing import Any
 
 from distlab.cluster import ClusterLaunch, launch_for
 from distlab.pool import Pool, traces_of, values_of
+from distlab.records import CallRecord
 
 
 class RunResult(list):  # type: ignore[type-arg]
     """The per-rank return values, indexed by rank; ``.trace`` holds per-rank call records when traced."""
 
-    trace: list[list[dict[str, Any]]] | None = None
+    trace: list[list[CallRecord]] | None = None
 
 
 def _notebook_cluster() -> ClusterLaunch | None:

@@ -21,6 +21,7 @@ from distlab.cluster import LAUNCHERS, LOCAL, Settings, launch_for, settings_of
 from distlab.errors import BackendUnavailable
 from distlab.i18n import tr
 from distlab.pool import Pool, PrintSink, traces_of
+from distlab.records import CallRecord
 from distlab.report import parse_ranks
 
 DEFAULT_WORLD_SIZE = 4
@@ -49,7 +50,7 @@ class Session:
     def __init__(self) -> None:
         self.pool: Pool | None = None
         self.cluster: Settings = LOCAL
-        self.last_trace: list[list[dict[str, Any]]] | None = None
+        self.last_trace: list[list[CallRecord]] | None = None
         self._cells = itertools.count(1)
 
     def next_filename(self) -> str:

@@ -31,6 +31,7 @@ from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
 from distlab.hub import Hub
 from distlab.i18n import tr
 from distlab.protocol import Display, Done, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
+from distlab.records import CallRecord
 from distlab.report import format_failures, format_stacks, rank_label
 
 START_TIMEOUT = 120.0
@@ -470,7 +471,7 @@ def values_of(dones: dict[int, Done]) -> list[Any]:
     return [pickle.loads(value) if value is not None else None for value in values]
 
 
-def traces_of(dones: dict[int, Done]) -> list[list[dict[str, Any]]]:
+def traces_of(dones: dict[int, Done]) -> list[list[CallRecord]]:
     """Each rank's recorded torch.distributed calls (``--trace``), in rank order."""
     traces = [dones[r].trace for r in sorted(dones)]
     return [pickle.loads(trace) if trace else [] for trace in traces]

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distlab.records import CallRecord, messages
+
 RECORDINGS = Path(__file__).resolve().parent / "recordings"
 
 
-def recording(name: str) -> list[list[dict[str, Any]]]:
+def recording(name: str) -> list[list[CallRecord]]:
     """A committed per-rank trace (``recordings/<name>.json``), made by ``python -m grader record``.
 
     Notebooks replay these where running the code would hand over an exercise's answer.
@@ -32,7 +34,7 @@ def recording(name: str) -> list[list[dict[str, Any]]]:
         known = sorted(p.stem for p in RECORDINGS.glob("*.json"))
         raise FileNotFoundError(f"no recording {name!r}; known: {', '.join(known) or 'none'}")
     with open(path, encoding="utf-8") as handle:
-        traces: list[list[dict[str, Any]]] = json.load(handle)
+        traces: list[list[CallRecord]] = json.load(handle)
     return traces
 
 
@@ -49,17 +51,20 @@ class Frame:
     received: list[set[int]] = field(default_factory=list)
 
 
-def _traces_of(source: Any) -> list[list[dict[str, Any]]]:
+def _traces_of(source: Any) -> list[list[CallRecord]]:
     traces = getattr(source, "trace", source)
     if traces is None:
         raise ValueError("no trace: run with trace=True (or %%dist --trace)")
     return [list(t) for t in traces]
 
 
-def _sends(records: Sequence[dict[str, Any]], rank: int) -> list[dict[str, Any]]:
-    return [{"src": rank, "dst": m["peer"], "bytes": m["bytes"]}
-            for r in records if r.get("op") != "snapshot"
-            for m in r.get("p2p", ()) if m["dir"] == "send"]
+def _sends(records: Sequence[CallRecord], rank: int) -> list[dict[str, Any]]:
+    return [{"src": rank, "dst": m["peer"], "bytes": m["bytes"]} for _, m in messages(records) if m["dir"] == "send"]
+
+
+def _elements(span: list[int] | None) -> set[int]:
+    """The element indices [start, stop) a snapshot says a step moved (none if it did not say)."""
+    return set(range(*span)) if span else set()
 
 
 def _flat(values: Any) -> list[Any]:
@@ -84,10 +89,8 @@ def ring_frames(source: Any) -> list[Frame]:
                 bufs.append(_flat(t[snaps[rank][k]]["values"]))
             frame = Frame(str(traces[0][snaps[0][k]].get("label") or f"step {k}"), bufs, msgs)
             marks = [traces[rank][snaps[rank][k]] for rank in range(n)]
-            frame.sent = [set(range(*m["sent_range"])) if m.get("sent_range") else set()
-                          for m in marks]
-            frame.received = [set(range(*m["recv_range"])) if m.get("recv_range") else set()
-                              for m in marks]
+            frame.sent = [_elements(m.get("sent_range")) for m in marks]
+            frame.received = [_elements(m.get("recv_range")) for m in marks]
             frames.append(frame)
     else:
         per_rank = [_sends(t, rank) for rank, t in enumerate(traces)]

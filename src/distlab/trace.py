@@ -59,6 +59,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distlab.costmodel import bus_factor
+from distlab.records import CallRecord
 from distlab.volume import p2p_messages, tensors, volume
 
 TENSOR_OPS = (
@@ -85,7 +86,7 @@ _OVERLAPPED = frozenset((
 _REDUCING = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single",
              "reduce_scatter_tensor", "all_reduce_coalesced")
 
-_sinks: list[list[dict[str, Any]]] = []
+_sinks: list[list[CallRecord]] = []
 _originals: dict[str, Callable[..., Any]] = {}
 _wrappers: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # name -> (orig, traced)
 _dtype_names: dict[torch.dtype, str] = {}  # small caches: the recorder runs on every call
@@ -103,7 +104,7 @@ class TracedWork:
 
     __slots__ = ("_record", "_work")
 
-    def __init__(self, work: Any, record: dict[str, Any]) -> None:
+    def __init__(self, work: Any, record: CallRecord) -> None:
         self._work = work
         self._record = record
 
@@ -160,7 +161,7 @@ def _factor(op: str, n: int) -> float:
     return f
 
 
-def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, Any]:
+def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> CallRecord:
     a = dict(zip(names, args, strict=False))  # bind by name, without inspect.bind (slow)
     a.update(kwargs)
     group = a.get("group")
@@ -189,7 +190,7 @@ def _describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, An
     }
 
 
-def _safe_describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[str, Any]:
+def _safe_describe(op: str, names: list[str], args: Any, kwargs: Any) -> CallRecord:
     """Describe a call; arguments the recorder cannot read (a call torch will reject, or an
     API it does not know) still give a record, with zero bytes and a ``note``, and the call
     goes ahead: torch, not the recorder, decides whether it fails."""
@@ -205,7 +206,7 @@ def _safe_describe(op: str, names: list[str], args: Any, kwargs: Any) -> dict[st
                 "note": f"arguments not understood by the recorder: {type(exc).__name__}: {exc}"}
 
 
-def _add_inner(outer: dict[str, Any], inner: dict[str, Any]) -> None:
+def _add_inner(outer: CallRecord, inner: CallRecord) -> None:
     for key in ("size", "sent", "recv", "bus_bytes"):
         outer[key] += inner[key]
     outer["p2p"].extend(inner["p2p"])
@@ -227,7 +228,7 @@ def _retarget(ops: Any) -> None:
             p.op = getattr(c10d, name)
 
 
-def _record(op: str, names: list[str], args: Any, kwargs: Any, stack: list[dict[str, Any]]) -> dict[str, Any]:
+def _record(op: str, names: list[str], args: Any, kwargs: Any, stack: list[Any]) -> CallRecord:
     """Describe a call, hand the record to every active recording and mark it as running."""
     rec = _safe_describe(op, names, args, kwargs)
     for sink in _sinks:
@@ -240,7 +241,7 @@ _NOT_OVERLAPPED = object()
 
 
 def _overlapped_call(op: str, fn: Callable[..., Any], names: list[str], where: tuple[int, int],
-                     args: Any, kwargs: Any, stack: list[dict[str, Any]]) -> Any:
+                     args: Any, kwargs: Any, stack: list[Any]) -> Any:
     """A blocking gloo collective, issued as an async one and described while it runs.
 
     ``where`` holds the positions of the ``async_op`` and ``group`` parameters. Returns
@@ -293,7 +294,7 @@ def _device_done() -> None:
         torch.cuda.synchronize()
 
 
-def _close(rec: dict[str, Any], stack: list[dict[str, Any]], error: BaseException | None = None) -> None:
+def _close(rec: CallRecord, stack: list[Any], error: BaseException | None = None) -> None:
     """The call has returned (or raised ``error``): stamp its end and leave it."""
     if error is not None:
         rec["error"] = f"{type(error).__name__}: {error}"
@@ -373,13 +374,13 @@ def _uninstall() -> None:
 
 
 @contextmanager
-def recording() -> Iterator[list[dict[str, Any]]]:
+def recording() -> Iterator[list[CallRecord]]:
     """Record every torch.distributed call made in this process while the block runs.
 
     Yields the list the records are appended to. Recordings nest: an inner one sees only
     its own calls, the outer one sees all of them.
     """
-    sink: list[dict[str, Any]] = []
+    sink: list[CallRecord] = []
     with _lock:
         if not _sinks:
             _install()
@@ -411,7 +412,7 @@ def snapshot(tensor: Any, label: str = "", sent: tuple[int, int] | None = None,
     values = tensor.detach().cpu().tolist() if isinstance(tensor, torch.Tensor) else list(tensor)
     now = time.perf_counter()
     rank = dist.get_rank() if dist.is_initialized() else 0
-    rec = {"op": "snapshot", "seq": next(_seq), "rank": rank, "label": label, "values": values,
+    rec: CallRecord = {"op": "snapshot", "seq": next(_seq), "rank": rank, "label": label, "values": values,
            "t_start": now, "t_end": now, "size": 0, "sent": 0, "recv": 0, "bus_bytes": 0.0,
            "p2p": [], "peer": None,
            "sent_range": list(sent) if sent else None,

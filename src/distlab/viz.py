@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from distlab.costmodel import canonical_op
+from distlab.records import CallRecord, Trace, messages
 from distlab.render import BufferGrid, fmt_bytes
 from distlab.replay import ring_stepper
 
@@ -33,7 +34,6 @@ __all__ = [
     "trace_table_html",
 ]
 
-Trace = Sequence[Sequence[dict[str, Any]]]
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
             "#ff9da7", "#9c755f", "#bab0ac"]
 
@@ -79,12 +79,13 @@ def _display(*objs: Any) -> None:
     display(*objs)
 
 
-def _calls(traces: Trace) -> list[list[dict[str, Any]]]:
-    return [[r for r in rank if r.get("op") != "snapshot"] for rank in traces]
+def _calls(traces: Trace) -> list[list[CallRecord]]:
+    return [[r for r in rank if r["op"] != "snapshot"] for rank in traces]
 
 
-def _done(r: dict[str, Any]) -> float:
-    return float(r["t_wait"] if r.get("t_wait") is not None else r["t_end"])
+def _done(r: CallRecord) -> float:
+    wait = r.get("t_wait")
+    return float(wait if wait is not None else r["t_end"])
 
 
 def p2p_messages(traces: Trace) -> list[dict[str, Any]]:
@@ -92,17 +93,16 @@ def p2p_messages(traces: Trace) -> list[dict[str, Any]]:
     the k-th receive on b from a. Returns ``{"src", "dst", "bytes", "send", "recv"}`` where
     ``send``/``recv`` are the records (``recv`` is None if b did not trace a matching one).
     """
-    sends: dict[tuple[int, int, int], list[tuple[dict[str, Any], int]]] = defaultdict(list)
-    recvs: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
-    for rank_records in _calls(traces):
-        for rec in rank_records:
-            for m in rec.get("p2p", ()):
-                if m["peer"] is None:
-                    continue
-                if m["dir"] == "send":
-                    sends[(rec["rank"], m["peer"], m["tag"])].append((rec, m["bytes"]))
-                else:
-                    recvs[(m["peer"], rec["rank"], m["tag"])].append(rec)
+    sends: dict[tuple[int, int, int], list[tuple[CallRecord, int]]] = defaultdict(list)
+    recvs: dict[tuple[int, int, int], list[CallRecord]] = defaultdict(list)
+    for rank_records in traces:
+        for rec, m in messages(rank_records):
+            if m["peer"] is None:
+                continue
+            if m["dir"] == "send":
+                sends[(rec["rank"], m["peer"], m["tag"])].append((rec, m["bytes"]))
+            else:
+                recvs[(m["peer"], rec["rank"], m["tag"])].append(rec)
     out = []
     for (src, dst, _tag), items in sends.items():
         matched = recvs.get((src, dst, _tag), [])
@@ -158,8 +158,9 @@ def timeline_figure(traces: Trace, title: str | None = None,
             w = max(w, span * 1e3 / 400)  # keep instantaneous calls visible
             ax.broken_barh([(x, w)], (lane + low, height), facecolors=color,
                            edgecolor="black" if rec.get("error") else color)
-            if rec.get("t_wait") is not None and rec["t_wait"] > rec["t_end"]:
-                ax.broken_barh([(x + w, (rec["t_wait"] - rec["t_end"]) * 1e3)],
+            waited = rec.get("t_wait")
+            if waited is not None and waited > rec["t_end"]:
+                ax.broken_barh([(x + w, (waited - rec["t_end"]) * 1e3)],
                                (lane + low + height * 0.2, height * 0.6), facecolors="none",
                                edgecolor=color, hatch="///")
             if w > span * 1e3 / 12:

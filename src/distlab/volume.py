@@ -7,10 +7,12 @@ arguments: the conventions are documented there and checked in tests/test_trace.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+
+from distlab.records import P2PMessage
 
 
 def nbytes(t: Any) -> int:
@@ -96,18 +98,17 @@ def volume(op: str, a: dict[str, Any], n: int, me: int,
 
 
 def p2p_messages(op: str, a: dict[str, Any], peer: int | None,
-                 size: int) -> list[dict[str, Any]]:
+                 size: int) -> list[P2PMessage]:
     """The point-to-point messages of a call: ``{"dir", "peer", "bytes", "tag"}`` each."""
     if op in ("send", "isend", "recv", "irecv"):
-        d = "send" if op in ("send", "isend") else "recv"
+        d: Literal["send", "recv"] = "send" if op in ("send", "isend") else "recv"
         return [{"dir": d, "peer": peer, "bytes": size, "tag": int(a.get("tag", 0))}]
     if op != "batch_isend_irecv":
         return []
-    out = []
+    out: list[P2PMessage] = []
     for p in a["p2p_op_list"]:
         name = getattr(p.op, "__name__", "")
-        d = "send" if name == "isend" else "recv"
-        out.append({"dir": d, "peer": int(p.peer), "bytes": nbytes(p.tensor), "tag": int(p.tag)})
+        out.append({"dir": "send" if name == "isend" else "recv", "peer": int(p.peer), "bytes": nbytes(p.tensor), "tag": int(p.tag)})
     return out
 
 

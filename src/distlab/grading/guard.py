@@ -144,7 +144,7 @@ class CommGuard:
 
 
 @contextmanager
-def _python_recording() -> Iterator[list[dict[str, Any]]]:
+def _python_recording() -> Iterator[list[Any]]:
     """``distlab.trace.recording()`` when it is available; an empty list otherwise."""
     try:
         from distlab.trace import recording
