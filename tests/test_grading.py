@@ -18,6 +18,7 @@ import distlab
 import distlab.grading
 from distlab.grading import compare, exercise, harness, runner
 from distlab.grading import ex1_all_reduce_rs_ag as ex1
+from distlab.grading.catalog import ENTRIES
 from distlab.grading.extract import solution_source
 from distlab.grading.spec import PartResult, SubmissionResult
 
@@ -132,16 +133,39 @@ def test_results_round_trip_as_json() -> None:
 
 
 # --- the notebook and the grader agree --------------------------------------------------------------
-def test_catalog_names_the_parts_each_exercise_grades() -> None:
-    from distlab.grading.catalog import ENTRIES
+def test_catalog_reads_each_exercise_s_one_declaration_without_torch() -> None:
+    """What the catalog reads from the source equals what the imported module declares, and
+    every exercise module in the package is found (nothing else lists them)."""
+    import subprocess
+    import sys
 
-    for known in ENTRIES:
+    from distlab.grading import catalog
+
+    modules = sorted(p.stem for p in Path(catalog.__file__).parent.glob("ex[0-9]*_*.py"))
+    assert sorted(e.module.rsplit(".", 1)[1] for e in catalog.ENTRIES) == modules and len(modules) >= 7
+    for known in catalog.ENTRIES:
         loaded = known.load()
-        assert (loaded.key, loaded.assignment, loaded.function) == (known.key, known.assignment, known.function)
+        assert (loaded.key, loaded.assignment, loaded.function, loaded.solution_ids) == (
+            known.key, known.assignment, known.function, known.solution_ids)
         assert tuple(p.name for p in loaded.parts) == known.parts
+    reads = "import sys, distlab.grading.catalog as c; print(len(c.ENTRIES), 'torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", reads], capture_output=True, text=True,
+                          check=True).stdout.split() == [str(len(modules)), "False"]
 
 
-@pytest.mark.parametrize("name", ["ex1", "ex2", "ex3", "ex4", "ex5", "ex6", "ex7"])
+def test_a_new_exercise_module_is_discovered(tmp_path: Path) -> None:
+    from distlab.grading import catalog
+
+    module = tmp_path / "ex9_new.py"
+    module.write_text('FUNCTION = "f"\nPARTS = (\n    Part("one", "t", ()),\n    Part("two", "t", ()),\n)\n'
+                      'EXERCISE = Exercise(key="ex9", assignment="ex9_new", function=FUNCTION, '
+                      'solution_ids=(FUNCTION, "extra"), setup_source="", parts=PARTS, rank_main=None, judge=None)\n')
+    found = catalog._Declaration(module).entry()
+    assert (found.key, found.assignment, found.function, found.solution_ids, found.parts) == (
+        "ex9", "ex9_new", "f", ("f", "extra"), ("one", "two"))
+
+
+@pytest.mark.parametrize("name", [e.key for e in ENTRIES])
 def test_notebook_cells_match_the_graded_parts(name: str) -> None:
     ex = exercise(name)
     nb = nbformat.read(REPO / "solutions" / ex.assignment / f"{ex.assignment}.ipynb", as_version=4)

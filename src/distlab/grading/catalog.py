@@ -1,15 +1,27 @@
-"""Which exercises can be graded, without importing torch.
+"""Which exercises can be graded, discovered from the package and read without importing torch.
 
-The instructor CLI and nbgrader's configuration only need names and cell ids; the checks
-themselves (and torch) are imported by the processes that grade.
+Each exercise module (``ex<N>_<name>.py`` in this package) declares its facts once, in
+``EXERCISE = Exercise(key=..., assignment=..., function=..., solution_ids=..., parts=PARTS)``.
+The instructor CLI, nbgrader's configuration, release and the tests need only those names and
+cell ids, and must not pay for (or depend on) torch, which every exercise module imports. So this
+module reads the declaration from the module's source with ``ast`` instead of importing it;
+``tests/test_grading_contract.py`` checks that what it reads equals what the imported module holds.
+A new exercise is a new module: nothing else lists them.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from distlab.grading.spec import Exercise
+
+_PACKAGE = Path(__file__).resolve().parent
+_MODULE_NAME = re.compile(r"ex(\d+)_\w+\.py")
 
 
 @dataclass(frozen=True)
@@ -17,34 +29,59 @@ class Entry:
     key: str          # the short name notebooks use: "ex1"
     assignment: str   # the nbgrader assignment and notebook name
     module: str       # where the parts, the rank driver and the judge live
-    function: str     # what the student defines, in the answer cell of the same id
+    function: str     # what the student defines
+    solution_ids: tuple[str, ...]  # the answer cells whose source is graded
     parts: tuple[str, ...]
-    answer_cell: str = ""  # the answer cell's id when it is not the function's name
-
-    @property
-    def solution_ids(self) -> tuple[str, ...]:
-        return (self.answer_cell or self.function,)
 
     def load(self) -> Exercise:
         exercise: Exercise = importlib.import_module(self.module).EXERCISE
         return exercise
 
 
-ENTRIES = (
-    Entry("ex1", "ex1_all_reduce_rs_ag", "distlab.grading.ex1_all_reduce_rs_ag", "all_reduce_rs_ag",
-          ("divisible", "indivisible", "shapes", "dtypes", "ops", "subgroup", "communication")),
-    Entry("ex2", "ex2_ring_all_reduce", "distlab.grading.ex2_ring_all_reduce", "ring_all_reduce",
-          ("divisible", "any_size", "steps", "bytes")),
-    Entry("ex3", "ex3_tree_broadcast", "distlab.grading.ex3_tree_broadcast", "tree_broadcast",
-          ("from_zero", "any_source", "any_world_size", "rounds")),
-    Entry("ex4", "ex4_all_to_all", "distlab.grading.ex4_all_to_all", "all_to_all_p2p",
-          ("equal_chunks", "uneven_chunks", "messages", "counts")),
-    Entry("ex5", "ex5_bucketed_allreduce", "distlab.grading.ex5_bucketed_allreduce", "average_gradients",
-          ("averages", "buckets", "frozen")),
-    Entry("ex6", "ex6_zero1", "distlab.grading.ex6_zero1", "zero1_step", ("matches", "communication", "state")),
-    Entry("ex7", "ex7_cost_model", "distlab.grading.ex7_cost_model", "memory_per_gpu",
-          ("ring", "hierarchical", "memory", "volume"), answer_cell="cost_functions"),
-)
+class _Declaration:
+    """The module-level names of one exercise module, evaluated as literals where they are."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.names: dict[str, ast.expr] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.names[node.targets[0].id] = node.value
+
+    def value(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Name):
+            return self.value(self.names[node.id])
+        if isinstance(node, ast.Tuple):
+            return tuple(self.value(item) for item in node.elts)
+        return ast.literal_eval(node)
+
+    def part_names(self, node: ast.expr) -> tuple[str, ...]:
+        """The first argument of every ``Part(...)`` in the parts table, in source order."""
+        if isinstance(node, ast.Name):
+            node = self.names[node.id]
+        calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                 and c.func.id == "Part"]
+        calls.sort(key=lambda c: (c.lineno, c.col_offset))
+        return tuple(self.value(c.args[0]) for c in calls)
+
+    def entry(self) -> Entry:
+        call = self.names.get("EXERCISE")
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Exercise"):
+            raise ValueError(f"{self.path.name}: no EXERCISE = Exercise(...) declaration")
+        fields = {k.arg: k.value for k in call.keywords if k.arg}
+        return Entry(
+            key=self.value(fields["key"]), assignment=self.value(fields["assignment"]),
+            module=f"distlab.grading.{self.path.stem}", function=self.value(fields["function"]),
+            solution_ids=self.value(fields["solution_ids"]), parts=self.part_names(fields["parts"]),
+        )
+
+
+def _discover() -> tuple[Entry, ...]:
+    found = [(int(m.group(1)), path) for path in _PACKAGE.iterdir() if (m := _MODULE_NAME.fullmatch(path.name))]
+    return tuple(_Declaration(path).entry() for _, path in sorted(found))
+
+
+ENTRIES = _discover()
 
 
 def entry(name: str) -> Entry:
