@@ -72,7 +72,8 @@ class _Declaration:
         return Entry(
             key=self.value(fields["key"]), assignment=self.value(fields["assignment"]),
             module=f"distlab.grading.{self.path.stem}", function=self.value(fields["function"]),
-            solution_ids=self.value(fields["solution_ids"]), parts=self.part_names(fields["parts"]),
+            solution_ids=self.value(fields["solution_ids"]) if "solution_ids" in fields else (self.value(fields["function"]),),
+            parts=self.part_names(fields["parts"]),
         )
 
 

@@ -13,19 +13,9 @@ from typing import Any
 
 from distlab.grading import compare
 from distlab.grading.cases import DTYPES, OPS, Case, expected, make_input
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import SINGLE_TENSOR_NAMES, Batch, Exercise, Part, Submission, setup_cell
 
-SETUP_SOURCE = '''\
-import torch
-import torch.distributed as dist
-
-import distlab
-import distlab.grading
-from distlab.grading import ex1_all_reduce_rs_ag as ex1
-
-# torch 2.13 renamed the single-tensor collectives; older torch only has the old names
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor'''
+SETUP_SOURCE = setup_cell(__name__, extra=SINGLE_TENSOR_NAMES)
 
 FUNCTION = "all_reduce_rs_ag"
 
@@ -111,7 +101,6 @@ EXERCISE = Exercise(
     key="ex1",
     assignment="ex1_all_reduce_rs_ag",
     function=FUNCTION,
-    solution_ids=(FUNCTION,),
     setup_source=SETUP_SOURCE,
     parts=PARTS,
     rank_main=rank_main,

@@ -13,15 +13,9 @@ from typing import Any
 
 from distlab.grading import compare
 from distlab.grading.cases import DTYPES, Case, expected, make_input
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import Batch, Exercise, Part, Submission, setup_cell
 
-SETUP_SOURCE = '''\
-import torch
-import torch.distributed as dist
-
-import distlab
-import distlab.grading
-from distlab.grading import ex2_ring_all_reduce as ex2'''
+SETUP_SOURCE = setup_cell(__name__)
 
 FUNCTION = "ring_all_reduce"
 
@@ -105,7 +99,6 @@ EXERCISE = Exercise(
     key="ex2",
     assignment="ex2_ring_all_reduce",
     function=FUNCTION,
-    solution_ids=(FUNCTION,),
     setup_source=SETUP_SOURCE,
     parts=PARTS,
     rank_main=rank_main,

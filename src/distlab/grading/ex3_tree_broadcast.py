@@ -21,15 +21,9 @@ import torch
 
 from distlab.grading import compare
 from distlab.grading.cases import DTYPES
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import Batch, Exercise, Part, Submission, setup_cell
 
-SETUP_SOURCE = '''\
-import torch
-import torch.distributed as dist
-
-import distlab
-import distlab.grading
-from distlab.grading import ex3_tree_broadcast as ex3'''
+SETUP_SOURCE = setup_cell(__name__)
 
 FUNCTION = "tree_broadcast"
 
@@ -156,7 +150,6 @@ EXERCISE = Exercise(
     key="ex3",
     assignment="ex3_tree_broadcast",
     function=FUNCTION,
-    solution_ids=(FUNCTION,),
     setup_source=SETUP_SOURCE,
     parts=PARTS,
     rank_main=rank_main,

@@ -18,15 +18,9 @@ import torch
 
 from distlab.grading import compare, harness
 from distlab.grading.cases import DTYPES
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import Batch, Exercise, Part, Submission, setup_cell
 
-SETUP_SOURCE = '''\
-import torch
-import torch.distributed as dist
-
-import distlab
-import distlab.grading
-from distlab.grading import ex4_all_to_all as ex4'''
+SETUP_SOURCE = setup_cell(__name__)
 
 FUNCTION = "all_to_all_p2p"
 
@@ -152,7 +146,6 @@ EXERCISE = Exercise(
     key="ex4",
     assignment="ex4_all_to_all",
     function=FUNCTION,
-    solution_ids=(FUNCTION,),
     setup_source=SETUP_SOURCE,
     parts=PARTS,
     rank_main=rank_main,

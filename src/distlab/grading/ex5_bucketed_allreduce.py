@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from distlab.grading import compare, harness
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import Batch, Exercise, Part, Submission, setup_cell
 from distlab.grading.training import (
     SGD,
     TrainCase,
@@ -25,13 +25,7 @@ from distlab.grading.training import (
     steps_problem,
 )
 
-SETUP_SOURCE = '''\
-import torch
-import torch.distributed as dist
-
-import distlab
-import distlab.grading
-from distlab.grading import ex5_bucketed_allreduce as ex5'''
+SETUP_SOURCE = setup_cell(__name__)
 
 FUNCTION = "average_gradients"
 
@@ -131,7 +125,6 @@ EXERCISE = Exercise(
     key="ex5",
     assignment="ex5_bucketed_allreduce",
     function=FUNCTION,
-    solution_ids=(FUNCTION,),
     setup_source=SETUP_SOURCE,
     parts=PARTS,
     rank_main=rank_main,

@@ -16,20 +16,10 @@ from typing import Any
 import torch
 
 from distlab.grading import compare, harness
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import SINGLE_TENSOR_NAMES, Batch, Exercise, Part, Submission, setup_cell
 from distlab.grading.training import TrainCase, build_model, local_backward, params_problem, reference, steps_problem
 
-SETUP_SOURCE = '''\
-import torch
-import torch.distributed as dist
-
-import distlab
-import distlab.grading
-from distlab.grading import ex6_zero1 as ex6
-
-# torch 2.13 renamed the single-tensor collectives; older torch only has the old names
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor'''
+SETUP_SOURCE = setup_cell(__name__, extra=SINGLE_TENSOR_NAMES)
 
 FUNCTION = "zero1_step"
 
@@ -128,7 +118,6 @@ EXERCISE = Exercise(
     key="ex6",
     assignment="ex6_zero1",
     function=FUNCTION,
-    solution_ids=(FUNCTION,),
     setup_source=SETUP_SOURCE,
     parts=PARTS,
     rank_main=rank_main,

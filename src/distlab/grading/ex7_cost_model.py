@@ -16,14 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distlab.grading import compare
-from distlab.grading.spec import Batch, Exercise, Part, Submission
+from distlab.grading.spec import Batch, Exercise, Part, Submission, setup_cell
 
-SETUP_SOURCE = '''\
-import math
-
-import distlab
-import distlab.grading
-from distlab.grading import ex7_cost_model as ex7'''
+SETUP_SOURCE = setup_cell(__name__, 'import math')
 
 FUNCTION = "memory_per_gpu"
 ANSWER_CELL = "cost_functions"

@@ -55,12 +55,28 @@ Judge = Callable[[Part, Batch, list[Any]], "str | None"]
 CommRule = Callable[[dict[str, Any]], "str | None"]
 
 
+SINGLE_TENSOR_NAMES = '''\
+# torch 2.13 renamed the single-tensor collectives; older torch only has the old names
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor'''
+
+
+def setup_cell(module: str, imports: str = "import torch\nimport torch.distributed as dist", extra: str = "") -> str:
+    """The locked setup cell an exercise notebook starts with, which the grader runs itself
+    (never the submission's copy): ``imports``, distlab, and the exercise's module as ``exN``.
+
+    ``module`` is the exercise module's ``__name__``; ``extra`` follows after a blank line.
+    """
+    name = module.rsplit(".", 1)[-1]
+    text = f"{imports}\n\nimport distlab\nimport distlab.grading\nfrom distlab.grading import {name} as {name.split('_')[0]}"
+    return f"{text}\n\n{extra}" if extra else text
+
+
 @dataclass(frozen=True)
 class Exercise:
     key: str                 # short name used in notebooks: "ex1"
     assignment: str          # nbgrader assignment (and notebook) name
     function: str            # the name the student defines
-    solution_ids: tuple[str, ...]  # grade_ids of the answer cells whose source is graded
     setup_source: str        # the locked setup cell, executed (from here, never from the submission) first
     parts: tuple[Part, ...]
     rank_main: RankMain
@@ -71,6 +87,12 @@ class Exercise:
     # judged against the instructor's reference answer (run in the trusted process at grading
     # time, never shipped): the judge gets ``reference=`` the namespace of the reference cell
     needs_reference: bool = False
+    # grade_ids of the answer cells whose source is graded; by default the cell named after the function
+    solution_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.solution_ids:
+            object.__setattr__(self, "solution_ids", (self.function,))
 
     def part(self, name: str) -> Part:
         for part in self.parts:
