@@ -156,7 +156,8 @@ def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
 def test_a_node_that_crashes_mid_cell_fails_it_naming_the_node_and_the_next_cell_runs(
         kernel: KernelSession, cluster: SlurmCluster, tmp_path: Path) -> None:
     """Power lost on dlnode2 (its slurmd and every task killed): the kernel sees its connections to
-    ranks 2-3 close, long before SLURM's 30 s; once the node is back, the next cell runs."""
+    ranks 2-3 close, long before SLURM's 30 s. While the node is down the next cell says the
+    allocation lost it and can be interrupted; once the node is back, the next cell runs."""
     kernel.execute(f"%%dist\nMARKS = {str(tmp_path)!r}")
     started = time.monotonic()
     fault = _when_every_rank_is_looping(tmp_path, lambda: cluster.crash_node("dlnode2"))
@@ -166,6 +167,13 @@ def test_a_node_that_crashes_mid_cell_fails_it_naming_the_node_and_the_next_cell
     assert time.monotonic() - started < 30, reply.traceback
     assert "ranks 2-3 on node dlnode2" in reply.traceback, reply.traceback
     assert "lost its connection to the rank" in reply.traceback, reply.traceback
+    # while the node is down, the next cell says so (once SLURM notices: SlurmdTimeout, 30 s here)
+    waiting = kernel.execute("%%dist\nprint(rank)", timeout=180,
+                             interrupt_on=("the allocation lost node dlnode2", 1))
+    assert "the allocation lost node dlnode2 (Not responding)" in waiting.stdout, waiting.stdout
+    assert waiting.error is not None and waiting.error["ename"] == "KeyboardInterrupt"
+    _wait_no_jobs(cluster, within=10.0)
+    assert _squeue(cluster) == ""  # the interrupted request was withdrawn
     cluster.restart_node("dlnode2")
     after = kernel.execute("%%dist\nprint('back', rank)", timeout=240)
     assert after.error is None, after.traceback + cluster.logs()

@@ -146,3 +146,14 @@ class ClusterLaunch:
                               capture_output=True, text=True, timeout=30)
         line = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
         return f"job {line.split()[0]} pending ({' '.join(line.split()[1:])})" if line else ""
+
+    def down(self, nodes: list[str]) -> str:
+        """Which of ``nodes`` SLURM holds down, drained or unresponsive, with its reason:
+        "node2 (Not responding)", or "". Asked only about the nodes the ranks ran on, so a
+        large cluster's other broken nodes never show up here."""
+        if not nodes or not shutil.which("sinfo"):
+            return ""
+        done = subprocess.run(["sinfo", "-h", "-R", "-n", ",".join(sorted(set(nodes))), "-o", "%n|%E"],
+                              capture_output=True, text=True, timeout=30)
+        found = sorted({tuple(line.split("|", 1)) for line in done.stdout.splitlines() if "|" in line})
+        return ", ".join(f"{node} ({reason})" if reason else node for node, reason in found)

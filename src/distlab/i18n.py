@@ -108,6 +108,10 @@ ZH: dict[str, str] = {
         "使用编号为其 SLURM_LOCALID 的 GPU。",
     "distlab: NCCL needs one GPU per rank, and a node has fewer ({nodes}): the ranks use gloo instead.":
         "distlab：NCCL 要求每个 rank 独占一块 GPU，而有节点的 GPU 不够（{nodes}）：所以这些 rank 改用 gloo。",
+    "distlab: the allocation lost node {nodes}: SLURM starts no rank there until it is back (or ask for "
+    "other nodes with %dist_start --srun-args).":
+        "distlab：分配的资源失去了节点 {nodes}：在它恢复之前，SLURM 不会在那里启动 rank"
+        "（也可以用 %dist_start --srun-args 申请别的节点）。",
     "distlab: SLURM has not started the ranks yet: {pending}. Waiting; interrupt the cell to withdraw "
     "the request.": "distlab：SLURM 还没有启动这些 rank：{pending}。正在等待；中断单元格即可撤回请求。",
     "--backend nccl needs one GPU per rank: {n} ranks but {gpus} GPU(s) visible. "

@@ -211,7 +211,7 @@ class Pool:
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        said_pending, next_look = "", time.monotonic() + 2.0
+        said_pending, said_lost, next_look = "", "", time.monotonic() + 2.0
         errors: dict[int, str] = {}
         while not all(h.ready for h in self.handles.values()) or len(self.handles) < self.world_size:
             for rank, (conn, pid) in self.hub.take_arrivals(self.pool_id, self.generation).items():
@@ -230,6 +230,11 @@ class Pool:
                     print(tr("distlab: SLURM has not started the ranks yet: {pending}. Waiting; interrupt "
                              "the cell to withdraw the request.", pending=pending), flush=True)
                     said_pending = pending
+                lost = self.cluster.down(list(self.nodes.values())) if pending else ""
+                if lost and lost != said_lost:
+                    print(tr("distlab: the allocation lost node {nodes}: SLURM starts no rank there until it is "
+                             "back (or ask for other nodes with %dist_start --srun-args).", nodes=lost), flush=True)
+                    said_lost = lost
             waiting = [h.conn for h in self.handles.values() if not h.ready]
             for conn in self.hub.wait(waiting, 0.05):
                 handle = next(h for h in self.handles.values() if h.conn is conn)
