@@ -48,6 +48,48 @@ def measure(start: str, reps: int) -> dict[str, float]:
         kernel.shutdown()
 
 
+LOOP = ("%%dist --timeout 120\nimport pathlib, time\nfor step in range(1200):\n    t = torch.ones(1)\n"
+        "    dist.all_reduce(t)\n    if step == 0:\n        pathlib.Path(MARKS, f'running-{rank}').touch()\n"
+        "    time.sleep(0.1)")
+
+
+def fault_to_failure(cluster: SlurmCluster, fault: str) -> float:
+    """Seconds from a fault on dlnode2, mid-cell, to the failed cell naming the node."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    kernel = KernelSession()
+    marks = Path(tempfile.mkdtemp())
+    struck: list[float] = []
+
+    def strike() -> None:
+        while len(list(marks.glob("running-*"))) < 4:
+            time.sleep(0.02)
+        struck.append(time.perf_counter())
+        if fault == "crash":
+            for pid in cluster.tasks_on("dlnode2"):
+                os.kill(pid, 9)
+        else:
+            cluster.cut("dlnode2")
+
+    try:
+        _ok(kernel.execute(SLURM_START, timeout=300))
+        _ok(kernel.execute(f"%%dist\nMARKS = {str(marks)!r}"))
+        thread = threading.Thread(target=strike, daemon=True)
+        thread.start()
+        reply = kernel.execute(LOOP, timeout=200)
+        ended = time.perf_counter()
+        thread.join()
+        if reply.error is None or "dlnode2" not in reply.traceback:
+            raise RuntimeError(f"the {fault} was not reported: {reply.traceback or reply.stdout}")
+        return ended - struck[0]
+    finally:
+        if fault == "cut":
+            cluster.reconnect("dlnode2")
+        kernel.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=40)
@@ -61,6 +103,7 @@ def main() -> None:
     try:
         os.environ.update(cluster.env())
         remote = measure(SLURM_START, args.reps)
+        faults = {fault: fault_to_failure(cluster, fault) for fault in ("crash", "cut")}
     finally:
         cluster.stop()
     print(f"{'4 ranks, gloo, median of %d rounds' % args.reps:<48}{'local':>10}{'2 SLURM nodes':>15}{'ratio':>8}")
@@ -71,6 +114,8 @@ def main() -> None:
         print(f"{label:<48}{mine:>8.1f}ms{theirs:>13.1f}ms{theirs / mine:>7.1f}x")
     print("the nodes are network namespaces on this 2-core machine: the cluster column measures the kit's "
           "TCP path and srun's start-up, not a real network")
+    print(f"a fault on one node mid-cell to the failed cell naming it: tasks killed {faults['crash']:.1f} s, "
+          f"cable cut {faults['cut']:.1f} s (SLURM itself notices a dead node after SlurmdTimeout, 30 s here)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from distlab.errors import PoolDied
 
 LAUNCHERS = ("local", "slurm", "external")
 _LIVE: set[ClusterLaunch] = set()  # srun processes of this kernel, stopped when it exits
+_ENDING: list[threading.Thread] = []  # steps being ended in the background (see ClusterLaunch.stop)
 
 
 def _term_with_parent() -> None:
@@ -40,6 +42,8 @@ def _term_with_parent() -> None:
 def _stop_all() -> None:
     for launch in list(_LIVE):
         launch.stop()
+    for thread in list(_ENDING):
+        thread.join(timeout=10.0)
 
 
 # What a notebook chose with %dist_start: launcher, interface, extra srun options.
@@ -93,7 +97,7 @@ class ClusterLaunch:
                     f"  env {exports} {shlex.join(command)}")
         full = dict(os.environ)
         full.update(env)
-        self.job_name = f"distlab-{env['DISTLAB_POOL'].split(':')[0]}"
+        self.job_name = f"distlab-{env['DISTLAB_POOL'].replace(':', '-')}"  # one per generation
         srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--unbuffered",
                 f"--job-name={self.job_name}", *self.srun_args, *command]
         with open(log_path, "ab") as log:
@@ -110,33 +114,28 @@ class ClusterLaunch:
     def exited(self) -> int | None:
         return self.process.poll() if self.process is not None else None
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         """End the job step on every node, and the job if srun asked SLURM for one itself.
 
         The ranks were told to exit on their control lines first, so srun usually ends by itself;
         if not, it gets SIGTERM (it passes that on to the tasks), then SIGKILL. ``scancel --name``
         then removes what srun may leave behind: a pending request, or an allocation it made.
+
+        ``wait=False`` does this in the background: a failed cell reports at once and the next
+        generation starts, instead of waiting seconds for srun (after a node is lost, srun waits
+        for the step's end itself). Every generation has its own job name, so ending the old one
+        never touches the new one; the kernel still waits for all of it when it exits.
         """
         process, self.process = self.process, None
         _LIVE.discard(self)
         if process is None:
             return
-        try:
-            process.wait(timeout=3.0)
-        except subprocess.TimeoutExpired:
-            for signum in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(process.pid, signum)
-                except ProcessLookupError:
-                    break
-                try:
-                    process.wait(timeout=3.0)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        if self.job_name and shutil.which("scancel"):
-            subprocess.run(["scancel", "--quiet", f"--name={self.job_name}", f"--user={getpass.getuser()}"],
-                           capture_output=True, timeout=30)
+        if wait:
+            _end(process, self.job_name)
+            return
+        ending = threading.Thread(target=_end, args=(process, self.job_name), name="distlab-end-step", daemon=True)
+        ending.start()
+        _ENDING[:] = [t for t in _ENDING if t.is_alive()] + [ending]
 
     def pending(self) -> str:
         """SLURM's word on a request that has not started: "job 12 pending (Resources)", or ""."""
@@ -157,3 +156,23 @@ class ClusterLaunch:
                               capture_output=True, text=True, timeout=30)
         found = sorted({tuple(line.split("|", 1)) for line in done.stdout.splitlines() if "|" in line})
         return ", ".join(f"{node} ({reason})" if reason else node for node, reason in found)
+
+
+def _end(process: subprocess.Popen[bytes], job_name: str) -> None:
+    """srun's own end if it comes within 3 s, else SIGTERM, then SIGKILL; then scancel by name."""
+    try:
+        process.wait(timeout=3.0)
+    except subprocess.TimeoutExpired:
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=3.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    if job_name and shutil.which("scancel"):
+        subprocess.run(["scancel", "--quiet", f"--name={job_name}", f"--user={getpass.getuser()}"],
+                       capture_output=True, timeout=30)

@@ -108,6 +108,7 @@ ZH: dict[str, str] = {
         "使用编号为其 SLURM_LOCALID 的 GPU。",
     "distlab: NCCL needs one GPU per rank, and a node has fewer ({nodes}): the ranks use gloo instead.":
         "distlab：NCCL 要求每个 rank 独占一块 GPU，而有节点的 GPU 不够（{nodes}）：所以这些 rank 改用 gloo。",
+    "the allocation lost node {nodes}": "分配的资源失去了节点 {nodes}",
     "distlab: the allocation lost node {nodes}: SLURM starts no rank there until it is back (or ask for "
     "other nodes with %dist_start --srun-args).":
         "distlab：分配的资源失去了节点 {nodes}：在它恢复之前，SLURM 不会在那里启动 rank"

@@ -169,7 +169,7 @@ class Pool:
             hub = self.hub.listen_tcp(self.cluster.address())
             env = self.cluster.environment(hub, self.hub.key, self.pool_id, self.generation, self.backend,
                                            os.path.join(os.path.expanduser("~"), ".distlab"))
-            note = self.cluster.start(self.world_size, env, os.path.join(self.hub.dir, "srun.log"))
+            note = self.cluster.start(self.world_size, env, self._srun_log())
             if note:
                 print(note, flush=True)
         self.started = True
@@ -190,12 +190,21 @@ class Pool:
             protocol.send(handle.conn, protocol.Rendezvous(address, int(port), self.backend))
         self._rendezvous_sent = True
 
+    def _srun_log(self) -> str:
+        """srun's own output, one file per generation (an old srun may still be ending)."""
+        return os.path.join(self.hub.dir, f"srun-{self.pool_id}-{self.generation}.log")
+
     def _cluster_log(self) -> str:
+        """What srun said for this generation, and which of the ranks' last nodes SLURM holds down."""
         try:
-            with open(os.path.join(self.hub.dir, "srun.log"), errors="replace") as log:
-                return log.read()[-4000:]
+            with open(self._srun_log(), errors="replace") as log:
+                said = log.read()[-4000:]
         except OSError:
-            return ""
+            said = ""
+        lost = self.cluster.down(list(self.nodes.values())) if self.cluster is not None else ""
+        if lost:
+            said += tr("the allocation lost node {nodes}", nodes=lost)
+        return said
 
     def ensure_ready(self, timeout: float = START_TIMEOUT) -> None:
         self.start()
@@ -254,6 +263,8 @@ class Pool:
                 self._kill()
                 detail = "\n".join(f"rank {r}: {text}" for r, text in sorted(errors.items()))
                 detail += "".join(f"\nrank {r} exited with code {c}" for r, c in sorted(exits.items()))
+                if self.cluster is not None:  # srun says why (a task launch failed on a node, ...)
+                    detail += "\n" + self._cluster_log()
                 raise PoolDied(tr("the ranks could not start their process group ({backend}):\n{detail}",
                                   backend=self.backend, detail=detail or self.hub.launcher_log()))
             if time.monotonic() > deadline:
@@ -283,14 +294,16 @@ class Pool:
         self.restarts += 1
         self.start()
 
-    def _kill(self) -> None:
+    def _kill(self, wait: bool = True) -> None:
+        """End this generation's ranks; on a cluster ``wait=False`` leaves srun's end to the
+        background (a failed cell should not wait for it)."""
         if self.cluster is not None:
             for control in self.hub.controls(self.pool_id, self.generation).values():
                 try:
                     protocol.send(control, protocol.Control("exit"))
                 except OSError:
                     pass
-            self.cluster.stop()
+            self.cluster.stop(wait)
         elif self.started and self.hub.alive():
             try:
                 self.hub.send_launcher(KillGeneration(self.pool_id, self.generation))
@@ -461,7 +474,7 @@ class Pool:
 
     def fresh_start(self) -> str:
         """Kill every rank and start a new generation; returns the sentence that says so."""
-        self._kill()
+        self._kill(wait=False)
         self.restarts += 1
         if self.eager_restart:
             self.start()
