@@ -36,6 +36,7 @@ def _parse(stdout: str) -> dict[str, list[tuple[int, int, str, float, float, flo
     return blocks
 
 
+@pytest.mark.slow  # the whole command: a launcher, ranks and a sweep
 def test_cli_runs_a_tiny_sweep_and_prints_a_parsable_table(tmp_path: Path) -> None:
     (tmp_path / "mine.py").write_text(USER_FN)
     plot = tmp_path / "bw.png"

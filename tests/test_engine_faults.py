@@ -125,6 +125,7 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
     assert wait_gone(pids, within=5.0) == []
 
 
+@pytest.mark.slow  # waits out the handshake deadline on purpose
 def test_ranks_started_at_load_survive_a_learner_who_reads_first() -> None:
     import time
 

@@ -23,6 +23,8 @@ from jupyter_client.blocking import BlockingKernelClient
 from jupyter_core.paths import jupyter_runtime_dir
 from procs import listening_addresses, parent, wait_gone
 
+pytestmark = pytest.mark.slow  # a real `make lab` server per module: make test, not make check
+
 NOTIFICATION_PLUGIN = "@jupyterlab/apputils-extension:notification"
 
 
