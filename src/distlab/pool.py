@@ -203,7 +203,7 @@ class Pool:
             said = ""
         lost = self.cluster.down(list(self.nodes.values())) if self.cluster is not None else ""
         if lost:
-            said += tr("the allocation lost node {nodes}", nodes=lost)
+            said = "\n".join(filter(None, [said.rstrip("\n"), tr("the allocation lost node {nodes}", nodes=lost)]))
         return said
 
     def ensure_ready(self, timeout: float = START_TIMEOUT) -> None:
@@ -612,6 +612,7 @@ class _Waiter:
         else:
             status = "failed" if failures else "finished"
         return Outcome(status, pool.world_size, self.dones, failures, stacks, note, cell_lines, timeout)
+
 
 Status = Literal["finished", "failed", "lost", "hung", "timed_out", "interrupted"]
 
