@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from kernel_session import KernelSession  # noqa: E402
-from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
+from slurm_cluster import LOOP_CELL, SlurmCluster, skip_reason, when_every_rank_is_looping  # noqa: E402
 
 FIRST = "%%dist\nt = torch.ones(4)\ndist.all_reduce(t)\nt.sum().item()"
 LOCAL_START = "%load_ext distlab\n%dist_start -n 4 --backend gloo"
@@ -48,15 +48,9 @@ def measure(start: str, reps: int) -> dict[str, float]:
         kernel.shutdown()
 
 
-LOOP = ("%%dist --timeout 120\nimport pathlib, time\nfor step in range(1200):\n    t = torch.ones(1)\n"
-        "    dist.all_reduce(t)\n    if step == 0:\n        pathlib.Path(MARKS, f'running-{rank}').touch()\n"
-        "    time.sleep(0.1)")
-
-
 def fault_to_failure(cluster: SlurmCluster, fault: str) -> float:
     """Seconds from a fault on dlnode2, mid-cell, to the failed cell naming the node."""
     import tempfile
-    import threading
     from pathlib import Path
 
     kernel = KernelSession()
@@ -64,21 +58,17 @@ def fault_to_failure(cluster: SlurmCluster, fault: str) -> float:
     struck: list[float] = []
 
     def strike() -> None:
-        while len(list(marks.glob("running-*"))) < 4:
-            time.sleep(0.02)
         struck.append(time.perf_counter())
         if fault == "crash":
-            for pid in cluster.tasks_on("dlnode2"):
-                os.kill(pid, 9)
+            cluster.kill_tasks("dlnode2")
         else:
             cluster.cut("dlnode2")
 
     try:
         _ok(kernel.execute(SLURM_START, timeout=300))
         _ok(kernel.execute(f"%%dist\nMARKS = {str(marks)!r}"))
-        thread = threading.Thread(target=strike, daemon=True)
-        thread.start()
-        reply = kernel.execute(LOOP, timeout=200)
+        thread = when_every_rank_is_looping(marks, strike)
+        reply = kernel.execute(LOOP_CELL, timeout=200)
         ended = time.perf_counter()
         thread.join()
         if reply.error is None or "dlnode2" not in reply.traceback:

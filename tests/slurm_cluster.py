@@ -18,7 +18,9 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,26 @@ BRIDGE = "dl0"
 SUBNET = "10.213.0"
 HOST_ADDR = f"{SUBNET}.1"
 NODES = {"dlnode1": f"{SUBNET}.11", "dlnode2": f"{SUBNET}.12"}
+
+
+# A cell that loops on all_reduces and leaves a file per rank once it is in the loop: faults are
+# set off on that file, not after a guessed delay (tests and bench/bench_cluster.py share it).
+LOOP_CELL = ("%%dist --timeout 120\nimport pathlib, time\nfor step in range(1200):\n    t = torch.ones(1)\n"
+             "    dist.all_reduce(t)\n    if step == 0:\n        pathlib.Path(MARKS, f'running-{rank}').touch()\n"
+             "    time.sleep(0.1)")
+
+
+def when_every_rank_is_looping(marks: Path, fault: Callable[[], None]) -> threading.Thread:
+    """Run ``fault`` once each rank has finished its first all_reduce of LOOP_CELL (a file says so)."""
+    def wait_then_fault() -> None:
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("running-*"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fault()
+
+    thread = threading.Thread(target=wait_then_fault, daemon=True)
+    thread.start()
+    return thread
 
 
 def skip_reason() -> str | None:
@@ -193,15 +215,19 @@ SlurmdTimeout=30
         return found
 
     # --- faults -------------------------------------------------------------------------------
-    def crash_node(self, node: str) -> None:
-        """As if the machine lost power: SIGKILL to its slurmd and everything else it runs."""
-        self.daemons[node].kill()
-        self.daemons[node].wait()
+    def kill_tasks(self, node: str) -> None:
+        """SIGKILL to everything the node runs but its slurmd (the step's processes and ranks)."""
         for pid in self.tasks_on(node):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def crash_node(self, node: str) -> None:
+        """As if the machine lost power: SIGKILL to its slurmd and everything else it runs."""
+        self.daemons[node].kill()
+        self.daemons[node].wait()
+        self.kill_tasks(node)
 
     def restart_node(self, node: str) -> None:
         """The machine is back: its slurmd starts again and registers with slurmctld."""

@@ -14,15 +14,14 @@ import contextlib
 import os
 import re
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kernel_session import KernelSession
 from procs import wait_gone
-from slurm_cluster import NODES, SlurmCluster, skip_reason
+from slurm_cluster import LOOP_CELL, NODES, SlurmCluster, skip_reason, when_every_rank_is_looping
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -113,36 +112,11 @@ def test_a_rank_that_raises_fails_the_cell_naming_rank_and_node(kernel: KernelSe
     assert len([x for x in after.stdout.splitlines() if x.startswith("[rank ")]) == 4
 
 
-LOOP_CELL = ("%%dist --timeout 120\nimport pathlib, time\nfor step in range(1200):\n    t = torch.ones(1)\n"
-             "    dist.all_reduce(t)\n    if step == 0:\n        pathlib.Path(MARKS, f'running-{rank}').touch()\n"
-             "    time.sleep(0.1)")
-
-
-def _when_every_rank_is_looping(marks: Path, fault: Callable[[], None]) -> threading.Thread:
-    """Run ``fault`` once each rank has finished its first all_reduce of LOOP_CELL (a file says so)."""
-    def wait_then_fault() -> None:
-        deadline = time.monotonic() + 120
-        while len(list(marks.glob("running-*"))) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        fault()
-
-    thread = threading.Thread(target=wait_then_fault, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_a_node_whose_tasks_are_killed_fails_the_cell_and_the_next_cell_works(
         kernel: KernelSession, cluster: SlurmCluster, tmp_path: Path) -> None:
-    def kill_dlnode2_tasks() -> None:
-        for pid in cluster.tasks_on("dlnode2"):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-
     kernel.execute(f"%%dist\nMARKS = {str(tmp_path)!r}")
     started = time.monotonic()
-    killer = _when_every_rank_is_looping(tmp_path, kill_dlnode2_tasks)
+    killer = when_every_rank_is_looping(tmp_path, lambda: cluster.kill_tasks("dlnode2"))
     reply = kernel.execute(LOOP_CELL, timeout=150)
     killer.join()
     assert reply.error is not None, reply.stdout
@@ -160,7 +134,7 @@ def test_a_node_that_crashes_mid_cell_fails_it_naming_the_node_and_the_next_cell
     allocation lost it and can be interrupted; once the node is back, the next cell runs."""
     kernel.execute(f"%%dist\nMARKS = {str(tmp_path)!r}")
     started = time.monotonic()
-    fault = _when_every_rank_is_looping(tmp_path, lambda: cluster.crash_node("dlnode2"))
+    fault = when_every_rank_is_looping(tmp_path, lambda: cluster.crash_node("dlnode2"))
     reply = kernel.execute(LOOP_CELL, timeout=150)
     fault.join()
     assert reply.error is not None, reply.stdout
@@ -198,7 +172,7 @@ def test_a_network_cut_mid_cell_fails_it_naming_the_node_and_the_cut_off_ranks_e
     cut_off = cluster.joined_ranks_on("dlnode2")
     assert len(cut_off) == 2
     started = time.monotonic()
-    fault = _when_every_rank_is_looping(tmp_path, lambda: cluster.cut("dlnode2"))
+    fault = when_every_rank_is_looping(tmp_path, lambda: cluster.cut("dlnode2"))
     try:
         reply = kernel.execute(LOOP_CELL, timeout=150)
         fault.join()

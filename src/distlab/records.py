@@ -66,7 +66,7 @@ Trace = Sequence[Sequence[CallRecord]]  # one list of records per rank, in rank 
 def messages(records: Iterable[CallRecord]) -> Iterator[tuple[CallRecord, P2PMessage]]:
     """Every point-to-point message in one rank's records, with the call that carried it: the one
     reader of ``p2p`` for the timeline's arrows and the ring replay."""
-    for record in records:
-        if record["op"] != "snapshot":
-            for message in record["p2p"]:
+    for record in records:  # read leniently: a trace may come from a file an older kit wrote
+        if record.get("op") != "snapshot":
+            for message in record.get("p2p", ()):
                 yield record, message

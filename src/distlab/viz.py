@@ -80,7 +80,7 @@ def _display(*objs: Any) -> None:
 
 
 def _calls(traces: Trace) -> list[list[CallRecord]]:
-    return [[r for r in rank if r["op"] != "snapshot"] for rank in traces]
+    return [[r for r in rank if r.get("op") != "snapshot"] for rank in traces]
 
 
 def _done(r: CallRecord) -> float:
