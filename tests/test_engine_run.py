@@ -63,6 +63,32 @@ def test_a_failing_rank_raises_rank_error_with_its_traceback() -> None:
     assert "raise KeyError" in failure.traceback
 
 
+def _raise_feedback_or_an_imitation() -> None:
+    import torch.distributed as dist
+
+    from distlab.errors import SubmissionFailed
+
+    class Imitation(Exception):
+        pass
+
+    Imitation.__name__ = Imitation.__qualname__ = "SubmissionFailed"
+    if dist.get_rank() == 0:
+        raise SubmissionFailed("world_size=2: raised ValueError")
+    raise Imitation("looks like feedback")
+
+
+def test_a_failure_s_kind_comes_from_the_rank_not_from_its_type_name() -> None:
+    """The grader shows a harness verdict as it is, and anything else with its traceback: a
+    submission's own exception named like the harness's must not pass for a verdict."""
+    from distlab.protocol import FailureKind
+
+    with pytest.raises(distlab.RankError) as info:
+        distlab.run(_raise_feedback_or_an_imitation, world_size=2)
+    failures = sorted(info.value.failures, key=lambda f: f.rank)
+    assert [(f.exc_type, f.kind) for f in failures] == [
+        ("SubmissionFailed", FailureKind.FEEDBACK), ("SubmissionFailed", FailureKind.RAISED)]
+
+
 def test_a_hang_raises_rank_timeout_with_stacks_and_leaves_no_process() -> None:
     def both_receive_first() -> None:
         import torch
@@ -113,9 +139,11 @@ def test_every_wait_ends_in_one_outcome_value(source: str, status: str, error: s
             assert "Rank state was lost" in outcome.note  # and the pool was restarted
         if status == "lost":
             assert outcome.failures[0].rank == 1 and outcome.failures[0].exitcode == 3
+            assert outcome.failures[0].kind is protocol.FailureKind.CRASHED
         if status == "finished":
             assert sorted(outcome.dones) == [0, 1]
         if status == "failed":
-            assert [(f.rank, f.exc_type) for f in outcome.failures] == [(1, "ValueError")]
+            assert [(f.rank, f.exc_type, f.kind) for f in outcome.failures] == [
+                (1, "ValueError", protocol.FailureKind.RAISED)]
     finally:
         pool.stop()

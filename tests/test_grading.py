@@ -231,6 +231,36 @@ def test_visible_helper_passes_a_correct_function_and_explains_a_wrong_one() -> 
     assert "expected [" in text
 
 
+def all_to_all_sum(tensor: Any) -> None:
+    """Right sums from point-to-point messages, but not a ring: every rank sends its whole tensor
+    to every other rank."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = tensor.clone()
+    for step in range(1, world):
+        got = torch.empty_like(tensor)
+        ops = [dist.P2POp(dist.isend, mine, (rank + step) % world),
+               dist.P2POp(dist.irecv, got, (rank - step) % world)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        tensor.add_(got)
+
+
+def test_a_part_s_checks_decide_what_its_judge_checks_not_its_name() -> None:
+    from distlab.grading import ex2_ring_all_reduce as ex2
+    from distlab.grading.spec import Batch, Check, Part, Submission
+
+    batch = Batch(3, (ex2.Case((6,)),))
+    submission = Submission(ex2.FUNCTION, fn=all_to_all_sum)
+    named_steps = Part("steps", "named like the graded part, checks nothing more", (batch,))
+    assert runner.run_batch(ex2.EXERCISE, submission, named_steps, batch, 30) is None
+    checks_steps = Part("any", "checks the steps", (batch,), frozenset({Check.STEPS}))
+    assert "2(n-1) = 4 steps" in (runner.run_batch(ex2.EXERCISE, submission, checks_steps, batch, 30) or "")
+    assert ex2.EXERCISE.part("steps").checks == {Check.STEPS}
+
+
 def test_check_runs_a_hidden_part_from_the_kernel() -> None:
     distlab.grading.check("ex1", "subgroup", reference_all_reduce)
     with pytest.raises(AssertionError, match="ex1 part 'dtypes'"):

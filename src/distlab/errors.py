@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distlab.i18n import tr
-from distlab.protocol import RankFailure
+from distlab.protocol import FailureKind, RankFailure
 from distlab.report import format_failures, format_stacks
 
 
@@ -136,3 +136,17 @@ class ReferenceFailed(DistlabError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), self.args)
+
+
+class SubmissionFailed(DistlabError):
+    """Graded code failed a case on a rank; the message is the student's feedback (case, exception,
+    line of their cell). The rank reports it with ``failure_kind``, so the grader never reads types
+    from text."""
+
+    failure_kind = FailureKind.FEEDBACK
+
+
+class SubmissionNotLoaded(SubmissionFailed):
+    """The answer cell itself failed (syntax, an error at top level, no function): every part would."""
+
+    failure_kind = FailureKind.NOT_LOADED

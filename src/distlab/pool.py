@@ -30,7 +30,7 @@ from distlab.cluster import ClusterLaunch
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
 from distlab.hub import Hub
 from distlab.i18n import tr
-from distlab.protocol import Display, Done, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
+from distlab.protocol import Display, Done, FailureKind, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
 from distlab.records import CallRecord
 from distlab.report import format_failures, format_stacks, rank_label
 
@@ -680,4 +680,5 @@ def crash_failure(rank: int, code: int | None, remote: bool = False) -> RankFail
         message = tr("the rank process was killed by {signal}", signal=name)
     else:
         message = tr("the rank process exited with code {code}", code=code)
-    return RankFailure(rank, "RankCrashed", message, exitcode=code if code is not None else -1)
+    return RankFailure(rank, "RankCrashed", message, exitcode=code if code is not None else -1,
+                       kind=FailureKind.CRASHED)

@@ -23,6 +23,7 @@ import os
 import pickle
 import socket
 from dataclasses import dataclass, field
+from enum import Enum
 from multiprocessing.connection import Connection
 from typing import Literal, Union
 
@@ -30,6 +31,15 @@ HANDSHAKE_TIMEOUT = 5.0
 CHALLENGE_WAIT = 120.0
 LOST_AFTER = 10.0  # seconds of silence from a peer's host (not its program) before its TCP link is dropped
 _MAGIC = b"DISTLAB1"
+
+
+class FailureKind(Enum):
+    """What kind of failure a ``RankFailure`` is, decided where it happened (never read from text)."""
+
+    RAISED = "raised"          # code on the rank raised: the traceback says where
+    CRASHED = "crashed"        # the rank process ended: ``exitcode`` says how
+    FEEDBACK = "feedback"      # graded code failed a case: the message is the student's whole feedback
+    NOT_LOADED = "not_loaded"  # the graded answer cell itself failed, so every part would
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class RankFailure:
     lineno: int | None = None
     line: str = ""
     exitcode: int | None = None
+    kind: FailureKind = FailureKind.RAISED
 
 
 # kernel -> launcher
@@ -220,7 +231,7 @@ Message = Union[
 Task = Union[RunCell, RunFunction, Pull, Push]
 
 _ALLOWED = {cls.__name__: cls for cls in (
-    RankFailure, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
+    RankFailure, FailureKind, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
     RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop, ControlHello, Rendezvous,
     Control, Stack,
 )}

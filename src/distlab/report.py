@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from distlab.i18n import tr
-
-if TYPE_CHECKING:
-    from distlab.protocol import RankFailure
+from distlab.protocol import FailureKind, RankFailure
 
 
 def rank_label(ranks: Iterable[int]) -> str:
@@ -62,7 +59,7 @@ def format_failures(failures: Sequence[RankFailure]) -> str:
     texts = {}
     for failure in failures:
         lines = []
-        if failure.exitcode is not None:
+        if failure.kind is FailureKind.CRASHED:
             lines.append(f"{failure.exc_type}: {failure.message}")
         else:
             if failure.lineno is not None and failure.line:

@@ -29,7 +29,19 @@ import torch
 import torch.distributed as dist
 
 from distlab import codeship, protocol, rank_io
-from distlab.protocol import Done, Pull, Push, RankFailure, RankHello, RankReady, RunCell, RunFunction, Stop
+from distlab.errors import SubmissionFailed
+from distlab.protocol import (
+    Done,
+    FailureKind,
+    Pull,
+    Push,
+    RankFailure,
+    RankHello,
+    RankReady,
+    RunCell,
+    RunFunction,
+    Stop,
+)
 from distlab.rank_io import CapturedOutput, make_display
 
 STORE_TIMEOUT = datetime.timedelta(seconds=120)
@@ -329,7 +341,8 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
             lineno, line = frame.lineno, frame.line or ""
     if isinstance(exc, SyntaxError) and exc.filename == filename:
         lineno, line = exc.lineno, (exc.text or "")
-    return RankFailure(rank, type(exc).__name__, str(exc), text, filename, lineno, line)
+    kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
+    return RankFailure(rank, type(exc).__name__, str(exc), text, filename, lineno, line, kind=kind)
 
 
 def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distlab.grading.spec import Exercise
+from distlab.grading.spec import Exercise, answer_cells
 
 _PACKAGE = Path(__file__).resolve().parent
 _MODULE_NAME = re.compile(r"ex(\d+)_\w+\.py")
@@ -72,7 +72,8 @@ class _Declaration:
         return Entry(
             key=self.value(fields["key"]), assignment=self.value(fields["assignment"]),
             module=f"distlab.grading.{self.path.stem}", function=self.value(fields["function"]),
-            solution_ids=self.value(fields["solution_ids"]) if "solution_ids" in fields else (self.value(fields["function"]),),
+            solution_ids=answer_cells(self.value(fields["function"]),
+                                      self.value(fields["solution_ids"]) if "solution_ids" in fields else ()),
             parts=self.part_names(fields["parts"]),
         )
 

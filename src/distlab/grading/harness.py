@@ -18,20 +18,13 @@ from typing import Any
 
 import torch
 
+from distlab.errors import SubmissionFailed, SubmissionNotLoaded
 from distlab.grading import sandbox
 from distlab.grading.guard import CommGuard
 from distlab.grading.spec import Submission
 
 SUBMISSION_FILE = "<solution cell>"
 CASE_MARK = "@distlab-grading-case@ "  # printed before each case so a hang can be placed
-
-
-class SubmissionFailed(Exception):
-    """The submission raised; the message is the student's feedback."""
-
-
-class SubmissionNotLoaded(SubmissionFailed):
-    """The answer cell itself failed (syntax, an error at top level, no function): every part would."""
 
 
 def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any]:

@@ -25,6 +25,7 @@ from distlab.grading.harness import CASE_MARK, SUBMISSION_FILE
 from distlab.grading.spec import (
     DEFAULT_PART_TIMEOUT,
     Batch,
+    Check,
     Exercise,
     Part,
     PartResult,
@@ -33,7 +34,7 @@ from distlab.grading.spec import (
     source_digest,
 )
 from distlab.pool import Pool
-from distlab.protocol import RankFailure
+from distlab.protocol import FailureKind, RankFailure
 
 MAX_MESSAGE = 900
 
@@ -68,6 +69,16 @@ def run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Bat
               timeout: float) -> str | None:
     """Run one batch on fresh ranks; None when every case is right, else feedback text."""
     return _run_batch(exercise, submission, part, batch, timeout)[0]
+
+
+def try_batch(exercise: Exercise, fn: Any, batch: Batch, checks: Iterable[Check] = (),
+              timeout: float = DEFAULT_PART_TIMEOUT, function: str | None = None) -> None:
+    """A learner's own check, from their kernel: run ``fn`` on one batch of fresh ranks and raise
+    AssertionError with the feedback when it is wrong. The grade is decided by the grader."""
+    part = Part("try", "one case", (batch,), frozenset(checks))
+    message = run_batch(exercise, Submission(function or exercise.function, fn=fn), part, batch, timeout)
+    if message:
+        raise AssertionError(message)
 
 
 def reference_namespace(exercise: Exercise, source: str) -> dict[str, Any]:
@@ -125,7 +136,7 @@ def _forbidden(exercise: Exercise, batch: Batch, records: list[Any]) -> str | No
 
 
 def _got_past_loading(failures: list[RankFailure]) -> bool:
-    return not failures or any(f.exc_type != "SubmissionNotLoaded" for f in failures)
+    return not failures or any(f.kind is not FailureKind.NOT_LOADED for f in failures)
 
 
 def grade_part(exercise: Exercise, submission: Submission, part: Part,
@@ -265,7 +276,7 @@ def _failures_text(failures: list[RankFailure], sink: _CaseSink, batch: Batch) -
     """One line per distinct failure, naming the ranks and, when known, the case."""
     texts: dict[str, list[int]] = {}
     for failure in failures:
-        if failure.exc_type in ("SubmissionFailed", "SubmissionNotLoaded"):
+        if failure.kind in (FailureKind.FEEDBACK, FailureKind.NOT_LOADED):
             text = failure.message  # already says which case
         else:
             where = sink.case.get(failure.rank) or f"world_size={batch.world_size}"

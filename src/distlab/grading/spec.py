@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 DEFAULT_PART_TIMEOUT = 30.0  # seconds a graded part may run before it scores zero
@@ -34,6 +35,18 @@ class Batch:
         return cls(world_size, cases)
 
 
+class Check(Enum):
+    """What a part checks beyond the result each rank ends with; a judge reads ``part.checks``."""
+
+    STEPS = "steps"                  # ex2: 2(n-1) ring steps, right neighbour out, left neighbour in
+    BYTES = "bytes"                  # ex2: each step carries one chunk
+    ROUNDS = "rounds"                # ex3: a binomial tree, ceil(log2 n) rounds
+    MESSAGES = "messages"            # ex4: one message per pair of ranks, each exactly its chunk
+    BUCKETS = "buckets"              # ex5: one all_reduce per bucket of at most bucket_bytes
+    COMMUNICATION = "communication"  # ex6: one reduce_scatter and one all_gather per step
+    STATE = "state"                  # ex6: optimizer state for this rank's shard only
+
+
 @dataclass(frozen=True)
 class Part:
     """One graded part: the notebook's grade cell ``test_<name>`` scores it."""
@@ -41,6 +54,7 @@ class Part:
     name: str
     title: str
     batches: tuple[Batch, ...]
+    checks: frozenset[Check] = frozenset()
 
     @property
     def grade_id(self) -> str:
@@ -72,6 +86,12 @@ def setup_cell(module: str, imports: str = "import torch\nimport torch.distribut
     return f"{text}\n\n{extra}" if extra else text
 
 
+def answer_cells(function: str, solution_ids: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The grade_ids of the answer cells whose source is graded: by default the cell named after the
+    function. The one place this rule lives (the catalog applies it without importing the module)."""
+    return tuple(solution_ids) or (function,)
+
+
 @dataclass(frozen=True)
 class Exercise:
     key: str                 # short name used in notebooks: "ex1"
@@ -91,8 +111,7 @@ class Exercise:
     solution_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.solution_ids:
-            object.__setattr__(self, "solution_ids", (self.function,))
+        object.__setattr__(self, "solution_ids", answer_cells(self.function, self.solution_ids))
 
     def part(self, name: str) -> Part:
         for part in self.parts:
