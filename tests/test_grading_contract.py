@@ -1,10 +1,11 @@
 """The grading contract, end to end: real nbgrader, the real CLI, real submissions.
 
-Every fixture in grader/fixtures/submissions/<assignment>/ is graded once by ``python -m grader
-autograde`` into one course (exercise 1, then exercises 2 to 6 together from one folder of
+Every fixture in grader/fixtures/<assignment>/ is graded once by ``python -m grader
+autograde`` into one course (exercise 1, then exercises 2 to 7 together from one folder of
 oddly named files), with two parallel workers; a separate test grades serially in nbgrader's
-own process and the score of every part is pinned below: the solution gets full marks, the untouched notebook none, each
-wrong answer exactly what it earns, and each gaming attempt nothing for the part it cheats on.
+own process. The score of every part is pinned in the fixture.py beside the notebooks: the
+solution gets full marks, the untouched notebook none, each wrong answer exactly what it earns,
+and each gaming attempt nothing for the part it cheats on.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Any
 import nbformat
 import pytest
 
+from distlab.grading.catalog import ENTRIES
+
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "grader" / "fixtures" / "submissions"
+FIXTURES = REPO / "grader" / "fixtures"
 ASSIGNMENT = "ex1_all_reduce_rs_ag"
 RING = "ex2_ring_all_reduce"
 TREE = "ex3_tree_broadcast"
@@ -34,30 +37,16 @@ PART_TIMEOUT = 20.0
 
 pytestmark = pytest.mark.slow
 
-sys.path.insert(0, str(FIXTURES.parent))
+sys.path.insert(0, str(FIXTURES))
 try:
-    from expected import (  # the pins live beside the fixtures; bench/bench_grading.py reads them too
-        BUCKETS_PARTS,
-        BUCKETS_PINNED,
-        COST_PARTS,
-        COST_PINNED,
-        PARTS,
-        PINNED,
-        RING_PARTS,
-        RING_PINNED,
-        SHUFFLE_PARTS,
-        SHUFFLE_PINNED,
-        TREE_PARTS,
-        TREE_PINNED,
-        ZERO_PARTS,
-        ZERO_PINNED,
-    )
+    import make_fixtures  # each exercise's pins live beside its fixtures; bench/bench_grading.py reads them too
 finally:
     sys.path.pop(0)
+FIXTURE = make_fixtures.exercises()
+PARTS, PINNED = FIXTURE[ASSIGNMENT].PARTS, FIXTURE[ASSIGNMENT].PINNED
 # assignment -> (file-name mark, parts, pins, max score), for the exercises graded from one inbox
-INBOX = {RING: (2, RING_PARTS, RING_PINNED, 8), TREE: (3, TREE_PARTS, TREE_PINNED, 8),
-         SHUFFLE: (4, SHUFFLE_PARTS, SHUFFLE_PINNED, 8), BUCKETS: (5, BUCKETS_PARTS, BUCKETS_PINNED, 8),
-         ZERO: (6, ZERO_PARTS, ZERO_PINNED, 8), COST: (7, COST_PARTS, COST_PINNED, 10)}
+INBOX = {a: (int(a.split("_")[0].removeprefix("ex")), m.PARTS, m.PINNED, sum(m.FULL.values()))
+         for a, m in FIXTURE.items() if a != ASSIGNMENT}
 
 
 def _grader(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -260,11 +249,7 @@ def test_released_notebooks_hold_no_solution_or_hidden_test(assignment: str) -> 
 
 
 def test_fixtures_follow_the_released_notebook() -> None:
-    sys.path.insert(0, str(REPO / "grader" / "fixtures"))
-    try:
-        import make_fixtures
-    finally:
-        sys.path.pop(0)
+    assert sorted(FIXTURE) == [e.assignment for e in ENTRIES]  # every exercise has its fixtures
     for name, nb in make_fixtures.fixtures().items():
         assert (FIXTURES / name).read_text() == nbformat.writes(nb) + "\n", f"{name}: run make_fixtures.py"
 
