@@ -165,6 +165,33 @@ def test_a_new_exercise_module_is_discovered(tmp_path: Path) -> None:
         "ex9", "ex9_new", "f", ("f", "extra"), ("one", "two"))
 
 
+def _repeated_windows(paths: list[Path], size: int = 6) -> list[str]:
+    """Runs of ``size`` identical non-blank lines that two of ``paths`` share. The lines of an
+    ``EXERCISE = Exercise(name=NAME, ...)`` declaration do not count: every exercise declares the
+    same fields."""
+    import itertools
+    import re
+
+    plain = re.compile(r"\w+=[\w.]+,|\)|[A-Z]+ = \w+\(")
+    windows: dict[Path, set[tuple[str, ...]]] = {}
+    for path in paths:
+        lines = [line.strip() for line in path.read_text().splitlines()]
+        windows[path] = {tuple(lines[i:i + size]) for i in range(len(lines) - size + 1)
+                         if all(lines[i:i + size]) and not all(plain.fullmatch(x) for x in lines[i:i + size])}
+    return [f"{a.name} and {b.name}: {sorted(windows[a] & windows[b])[0]}"
+            for a, b in itertools.combinations(paths, 2) if windows[a] & windows[b]]
+
+
+def test_no_two_exercises_repeat_code() -> None:
+    """What the exercises share (the rank loop, the checks, the in-kernel helper) lives once in
+    harness, compare, training and runner, not copied from one exercise module to the next."""
+    package = REPO / "src" / "distlab" / "grading"
+    assert _repeated_windows(sorted(package.glob("ex*_*.py"))) == []
+    # and the check itself finds a copy
+    copy = [package / "ex1_all_reduce_rs_ag.py", package / "harness.py"]
+    assert _repeated_windows(copy + [copy[1]]) != []
+
+
 @pytest.mark.parametrize("name", [e.key for e in ENTRIES])
 def test_notebook_cells_match_the_graded_parts(name: str) -> None:
     ex = exercise(name)
