@@ -182,14 +182,24 @@ def _repeated_windows(paths: list[Path], size: int = 6) -> list[str]:
             for a, b in itertools.combinations(paths, 2) if windows[a] & windows[b]]
 
 
-def test_no_two_exercises_repeat_code() -> None:
+def test_no_two_exercises_repeat_code(tmp_path: Path) -> None:
     """What the exercises share (the rank loop, the checks, the in-kernel helper) lives once in
     harness, compare, training and runner, not copied from one exercise module to the next."""
     package = REPO / "src" / "distlab" / "grading"
     assert _repeated_windows(sorted(package.glob("ex*_*.py"))) == []
-    # and the check itself finds a copy
-    copy = [package / "ex1_all_reduce_rs_ag.py", package / "harness.py"]
-    assert _repeated_windows(copy + [copy[1]]) != []
+    # the check finds six lines copied from an exercise's judge, and lets a declaration's fields be
+    ring = package / "ex2_ring_all_reduce.py"
+    lines = ring.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("def ring_problem("))
+    copied = tmp_path / "ex9_copy.py"
+    copied.write_text("\n".join(lines[start:start + 6]) + "\n")
+    assert _repeated_windows([ring, copied]) != []
+    declaration = "EXERCISE = Exercise(\n" + "".join(
+        f"    {name}={name.upper()},\n" for name in ("setup_source", "parts", "rank_main", "judge")) + ")\n"
+    twins = [tmp_path / "ex8_a.py", tmp_path / "ex9_b.py"]
+    for twin in twins:
+        twin.write_text(declaration)
+    assert _repeated_windows(twins) == []
 
 
 @pytest.mark.parametrize("name", [e.key for e in ENTRIES])
