@@ -20,6 +20,10 @@ endif
 override LANG := C.UTF-8
 endif
 EDITION ?= en
+# Parallel test workers (pytest-xdist): most of the suite waits on kernels, ranks, nbgrader and a
+# browser, so three workers overlap those waits even on 2 cores. TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= 3
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 EDITION_DIR := notebooks$(if $(filter zh,$(EDITION)),/zh)
 
 .PHONY: lab test test-gpu test-cluster check figures lint setup clean
@@ -51,7 +55,7 @@ lint: $(STAMP)
 	$(PY) -m mypy src/distlab
 
 test: $(STAMP) lint
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not cluster"
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) -m "not cluster"
 
 # On a machine with NVIDIA GPUs: the GPU tests, then every notebook headless, which picks NCCL
 # by itself where every rank gets a GPU (4 by default). Skipped, saying so, without a GPU.
@@ -73,7 +77,7 @@ test-cluster: $(STAMP)
 
 # While you work: lint, types and the fast tests (no browser, no notebook or nbgrader runs end to end).
 check: $(STAMP) lint
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not browser and not gpu and not cluster" \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) -m "not slow and not browser and not gpu and not cluster" \
 	  --ignore=tests/browser
 
 # The pictures the notebooks show before any cell runs (notebooks/figures/*.svg), drawn from the
