@@ -32,6 +32,18 @@ def parent(pid: int) -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (started from any of its threads)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                found += [int(p) for p in listing.read().split()]
+        except FileNotFoundError:
+            pass  # the thread ended while we looked
+    return sorted(found)
+
+
 def cmdline(pid: int) -> list[str]:
     with open(f"/proc/{pid}/cmdline", "rb") as raw:
         return [part.decode() for part in raw.read().split(b"\0") if part]

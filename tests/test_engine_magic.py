@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from kernel_session import KernelSession
-from procs import cmdline, listening_addresses, parent, wait_gone
+from procs import children, cmdline, listening_addresses, parent, wait_gone
 
 PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
 
@@ -139,6 +139,9 @@ def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) ->
     assert parent(launcher) == kernel.pid
     assert cmdline(launcher)[0] == kernel.value("__import__('sys').executable")
     assert cmdline(launcher)[1:] == ["-m", "distlab.launcher"]
+    # %load_ext started it before the magics were imported, and the hub adopted it: no second one
+    launchers = [p for p in children(kernel.pid) if cmdline(p)[1:] == ["-m", "distlab.launcher"]]
+    assert launchers == [launcher]
     for pid in kernel.value(PIDS):
         assert parent(pid) == launcher
 

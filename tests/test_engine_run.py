@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from procs import wait_gone
+from procs import children, wait_gone
 
 import distlab
 from distlab.hub import Hub
@@ -106,14 +106,9 @@ def test_a_hang_raises_rank_timeout_with_stacks_and_leaves_no_process() -> None:
 
 def test_run_leaves_no_rank_behind() -> None:
     hub = Hub.get()
-    before = set(_children(hub.launcher.pid))
+    before = set(children(hub.launcher.pid))
     distlab.run(_all_reduce_rank_plus_one, world_size=2)
-    assert wait_gone(set(_children(hub.launcher.pid)) - before) == []
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as listing:
-        return [int(p) for p in listing.read().split()]
+    assert wait_gone(set(children(hub.launcher.pid)) - before) == []
 
 
 @pytest.mark.parametrize("source, status, error", [

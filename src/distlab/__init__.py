@@ -48,9 +48,9 @@ def load_ipython_extension(ipython: Any) -> None:
 
     The launcher is started first, so its torch import runs while this kernel imports the magics.
     """
-    from distlab.hub import Hub
+    from distlab import prestart
 
-    Hub.get()
+    prestart.start_early()
     from distlab.magic import register
 
     register(ipython)

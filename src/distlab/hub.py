@@ -18,13 +18,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 from collections import defaultdict
 from multiprocessing.connection import Connection
 
-from distlab import protocol
+from distlab import prestart, protocol
 from distlab.errors import PoolDied
 from distlab.protocol import ControlHello, LauncherHello, RankExited, RankHello
 
@@ -36,8 +34,7 @@ class Hub:
 
     def __init__(self) -> None:
         self.key = secrets.token_bytes(32)
-        self.dir = tempfile.mkdtemp(prefix="distlab-")
-        os.chmod(self.dir, 0o700)
+        self.dir, self.launcher = prestart.take()  # already importing torch, if %load_ext started it
         self.path = os.path.join(self.dir, "hub.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)
@@ -50,20 +47,13 @@ class Hub:
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
         self._log_path = os.path.join(self.dir, "launcher.log")
-        env = dict(os.environ)
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env["MPLBACKEND"] = "module://distlab.rank_backend"
-        env["PYTHONUNBUFFERED"] = "1"
-        with open(self._log_path, "wb") as log:
-            self.launcher = subprocess.Popen(
-                [sys.executable, "-m", "distlab.launcher"],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, env=env,
-            )
         assert self.launcher.stdin is not None
         config = {"path": self.path, "key": self.key.hex(), "parent": os.getpid()}
-        self.launcher.stdin.write(json.dumps(config).encode() + b"\n")
-        self.launcher.stdin.close()
+        try:
+            self.launcher.stdin.write(json.dumps(config).encode() + b"\n")
+            self.launcher.stdin.close()
+        except BrokenPipeError:
+            pass  # it died already: alive() says so, and the log says why
         self._launcher_conn: Connection | None = None
         self._arrived: dict[tuple[str, int], dict[int, tuple[Connection, int]]] = defaultdict(dict)
         self._exits: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)

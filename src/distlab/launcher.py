@@ -171,12 +171,15 @@ class Launcher:
 
 
 def main() -> None:
-    config = json.loads(sys.stdin.readline())
+    preload()  # first: the kernel writes where to connect meanwhile (see distlab.prestart)
+    line = sys.stdin.readline()
+    if not line:
+        return  # the kernel died before it said where to connect
+    config = json.loads(line)
     # no PR_SET_PDEATHSIG here: it fires when the kernel *thread* that started us exits; we watch
     # the parent pid and the hub socket instead
     if os.getppid() != config["parent"]:
         return  # the kernel died before we got here
-    preload()
     key = bytes.fromhex(config["key"])
     conn = protocol.connect(config["path"], key)
     protocol.send(conn, LauncherHello(os.getpid()))

@@ -1,0 +1,51 @@
+"""The launcher process, started before the rest of the kit is imported.
+
+The launcher's torch import (about a second) is the floor under a cold start, so ``%load_ext``
+starts it first, with nothing but the standard library, and the hub adopts it a moment later.
+The launcher imports torch before it reads where to connect (the hub's socket and key) from
+its stdin, so nothing it needs has to exist yet. Standard library only, on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+_started: tuple[str, subprocess.Popen[bytes]] | None = None
+
+
+def start_early() -> None:
+    """Start the launcher now, for the next ``take()``."""
+    global _started
+    if _started is None:
+        _started = _start()
+
+
+def take() -> tuple[str, subprocess.Popen[bytes]]:
+    """A private folder and a launcher writing its log there: the early one if it still runs."""
+    global _started
+    started, _started = _started, None
+    if started is not None and started[1].poll() is None:
+        return started
+    if started is not None:
+        shutil.rmtree(started[0], ignore_errors=True)
+    return _start()
+
+
+def _start() -> tuple[str, subprocess.Popen[bytes]]:
+    folder = tempfile.mkdtemp(prefix="distlab-")
+    os.chmod(folder, 0o700)
+    env = dict(os.environ)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env["MPLBACKEND"] = "module://distlab.rank_backend"
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(os.path.join(folder, "launcher.log"), "wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "distlab.launcher"],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, env=env,
+        )
+    return folder, launcher
