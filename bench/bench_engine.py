@@ -8,6 +8,7 @@ notebook would. Run: .venv/bin/python bench/bench_engine.py [--reps 60]
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import statistics
 import subprocess
@@ -43,13 +44,18 @@ def _paired_overheads(kernel: KernelSession, cells: dict[str, str], reps: int) -
     return out
 
 
-def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, reps: int) -> dict[str, float]:
-    """Cold start (the ``start`` cells), then per-cell and collective overhead of cells under ``magic``."""
+def _cold_start(kernel: KernelSession, start: list[str]) -> float:
+    """Seconds from the first of the ``start`` cells to the end of the last, in a fresh kernel."""
     kernel.execute("pass")
     started = time.perf_counter()
     for cell in start:
         _ok(kernel.execute(cell))
-    cold = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, reps: int) -> dict[str, float]:
+    """Cold start (the ``start`` cells), then per-cell and collective overhead of cells under ``magic``."""
+    cold = _cold_start(kernel, start)
     _ok(kernel.execute(f"{magic}\nimport time\n_inside = []"))
     figures = _paired_overheads(kernel, {
         "per_cell": f"{magic}\nprint(rank)",
@@ -63,11 +69,28 @@ def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, rep
             "printing": figures["printing"], "collective": figures["collective_cell"] - inside, "inside": inside}
 
 
+DISTLAB_START = ["%load_ext distlab", f"%%dist -n {WORLD}\nt = torch.ones(4)\ndist.all_reduce(t)"]
+
+
+def cold_starts(start: list[str], times: int, stop: str | None = None) -> list[float]:
+    """The cold start in ``times`` fresh kernels: one sample is too noisy to compare."""
+    samples = []
+    for _ in range(times):
+        kernel = KernelSession()
+        try:
+            samples.append(_cold_start(kernel, start))
+            if stop:
+                kernel.execute(stop)
+        finally:
+            kernel.shutdown()
+    return samples
+
+
 def bench_distlab(reps: int) -> dict[str, float]:
     kernel = KernelSession()
     try:
-        start = ["%load_ext distlab", f"%%dist -n {WORLD}\nt = torch.ones(4)\ndist.all_reduce(t)"]
-        figures = _measure(kernel, start, "%%dist", "%dist_pull _inside", reps)
+        figures = _measure(kernel, DISTLAB_START, "%%dist", "%dist_pull _inside", reps)
+        figures.update(in_kernel_stages(kernel))
         started = time.perf_counter()
         kernel.execute("%%dist --timeout 120\nt = torch.ones(1)\nif rank == 1:\n    raise ValueError('x')\n"
                        "dist.all_reduce(t)")
@@ -75,6 +98,31 @@ def bench_distlab(reps: int) -> dict[str, float]:
         return figures
     finally:
         kernel.shutdown()
+
+
+IN_KERNEL = """
+import statistics as _st, time as _time
+from distlab.magic import session as _session
+def _median(fn, n=300):
+    times = []
+    for _ in range(n):
+        start = _time.perf_counter(); fn(); times.append(_time.perf_counter() - start)
+    return _st.median(times)
+_ip, _pool = get_ipython(), _session().pool
+print({
+    "k_run_pass": _median(lambda: _ip.run_cell("pass", store_history=False)),
+    "k_run_dist": _median(lambda: _ip.run_cell("%%dist\\npass", store_history=False)),
+    "k_magic": _median(lambda: _ip.run_cell_magic("dist", "", "pass")),
+    "k_pool": _median(lambda: _pool.run_cell("pass", "<bench>")),
+})
+"""
+
+
+def in_kernel_stages(kernel: KernelSession) -> dict[str, float]:
+    """A `%%dist` cell that prints nothing, timed inside the kernel in a loop, stage by stage:
+    IPython running any cell, its dispatch to a cell magic, the magic, and the pool's round trip."""
+    reply = _ok(kernel.execute(IN_KERNEL))
+    return dict(ast.literal_eval(reply.stdout.strip()))
 
 
 IPP_START = """
@@ -162,6 +210,7 @@ def stages(reps: int = 300) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--cold-reps", type=int, default=5, help="fresh kernels per side for the cold start")
     args = parser.parse_args()
     floor = torch_import_seconds()
     ours = bench_distlab(args.reps)
@@ -169,9 +218,21 @@ def main() -> None:
         theirs: dict[str, float] | None = bench_ipyparallel(args.reps)
     except ImportError:
         theirs = None
+    # the cold start again in fresh kernels, alternating sides: the median of all samples counts
+    cold_ours, cold_theirs = [ours["cold"]], [theirs["cold"]] if theirs else []
+    for _ in range(args.cold_reps - 1):
+        cold_ours += cold_starts(DISTLAB_START, 1)
+        if theirs:
+            cold_theirs += cold_starts([IPP_START.format(world=WORLD), IPP_JOIN], 1, "cluster.stop_cluster_sync()")
+    ours["cold"] = statistics.median(cold_ours)
+    if theirs:
+        theirs["cold"] = statistics.median(cold_theirs)
     rows = [("cold start (load + first all_reduce cell)", "cold"), ("per-cell overhead", "per_cell"),
             ("collective overhead (beyond the all_reduce)", "collective"), ("all_reduce inside ranks", "inside"),
             ("empty kernel cell", "empty"), ("the kernel printing those 4 lines itself", "printing")]
+    print(f"cold start: median of {args.cold_reps} fresh kernels per side "
+          f"(distlab {' '.join(f'{c * 1e3:.0f}' for c in cold_ours)} ms"
+          + (f"; ipyparallel {' '.join(f'{c * 1e3:.0f}' for c in cold_theirs)} ms)" if theirs else ")"))
     print(f"{'4 ranks, gloo, median of %d rounds' % args.reps:<46}{'distlab':>12}{'ipyparallel':>14}{'ratio':>9}")
     for label, key in rows:
         mine = ours[key] * 1000
@@ -200,9 +261,18 @@ def main() -> None:
     print(f"  the whole %%dist magic in an in-process shell (no kernel): "
           f"{where['shell_pass'] * 1e3:.2f} / {where['shell_print'] * 1e3:.2f}"
           f" (of which option parsing {where['magic_options'] * 1e3:.2f})")
-    print(f"  the kernel printing the 4 lines itself: {ours['printing'] * 1e3:.2f}; the rest of the "
-          f"per-cell overhead is the kernel's messaging and the 2 cores shared by {WORLD} ranks and the kernel:"
-          f" {(ours['per_cell'] - where['shell_print'] - ours['printing']) * 1e3:.2f}")
+    parts = [
+        ("Jupyter sending 4 printed lines (the kernel printing them itself)", ours["printing"]),
+        ("IPython dispatching a cell to a cell magic (in the kernel, in a loop)",
+         ours["k_run_dist"] - ours["k_run_pass"] - ours["k_magic"]),
+        ("the magic's own work: options, session, outcome", ours["k_magic"] - ours["k_pool"]),
+        (f"the pool's round trip to {WORLD} ranks (in the kernel, in a loop)", ours["k_pool"]),
+    ]
+    rest = ours["per_cell"] - sum(seconds for _, seconds in parts)
+    parts.append((f"the rest: waking the kernel and {WORLD} idle ranks on {os.cpu_count()} cores for one cell", rest))
+    print(f"the per-cell overhead ({ours['per_cell'] * 1e3:.2f} ms), stage by stage:")
+    for label, seconds in parts:
+        print(f"  {label:<84}{seconds * 1e3:6.2f}")
 
 
 if __name__ == "__main__":
