@@ -21,8 +21,8 @@ override LANG := C.UTF-8
 endif
 EDITION ?= en
 # Parallel test workers (pytest-xdist): most of the suite waits on kernels, ranks, nbgrader and a
-# browser, so three workers overlap those waits even on 2 cores. TEST_JOBS=0 runs in one process.
-TEST_JOBS ?= 3
+# browser, so two workers overlap those waits on 2 cores. TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 EDITION_DIR := notebooks$(if $(filter zh,$(EDITION)),/zh)
 

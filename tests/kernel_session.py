@@ -40,7 +40,7 @@ class KernelSession:
         self.manager.start_kernel(env=env, stderr=subprocess.DEVNULL)
         self.client = self.manager.blocking_client()
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        self.client.wait_for_ready(timeout=120)  # a deadline, long enough for a start on a loaded machine
 
     @property
     def pid(self) -> int:
