@@ -19,8 +19,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import nbformat
+from tqdm import tqdm
 
 from distlab.edition import LANGUAGES
 from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments, student_id
@@ -115,6 +117,7 @@ def cmd_autograde(args: argparse.Namespace) -> int:
             seconds = _trusted_seconds(course, job) or time.monotonic() - began
             progress.done(job, course.score(job) if problem is None else None, seconds)
     finally:
+        progress.close()
         if workers is not None:
             workers.stop()
     _print_scores(course, {(j.student, j.assignment) for j in jobs})
@@ -134,12 +137,19 @@ def _trusted_seconds(course: Course, job: Job) -> float | None:
 
 
 class Progress:
-    """One line per finished submission, then a summary: what an instructor watches for a class."""
+    """One line per finished submission, then a summary: what an instructor watches for a class.
 
-    def __init__(self, total: int) -> None:
+    At a terminal a tqdm bar below the lines counts down the class; written to a file or a pipe
+    (a log, a test) the output is the same lines and nothing else.
+    """
+
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
         self.total = total
+        self.out = out or sys.stdout
         self.times: dict[Job, float] = {}
         self.failed: list[Job] = []
+        self.bar = tqdm(total=total, unit="submission", file=self.out, disable=None if self.out.isatty() else True,
+                        leave=False, dynamic_ncols=True)
 
     def done(self, job: Job, score: tuple[float, float] | None, seconds: float) -> None:
         self.times[job] = seconds
@@ -147,16 +157,22 @@ class Progress:
             self.failed.append(job)
         shown = "not graded" if score is None else f"{score[0]:g}/{score[1]:g}"
         width = len(str(self.total))
-        print(f"[{len(self.times):>{width}}/{self.total}] {job.student:<28} {job.assignment:<24} "
-              f"{shown:>10}  {seconds:5.1f} s", flush=True)
+        self.bar.write(f"[{len(self.times):>{width}}/{self.total}] {job.student:<28} {job.assignment:<24} "
+                       f"{shown:>10}  {seconds:5.1f} s", file=self.out)
+        self.bar.update(1)
+        self.out.flush()
+
+    def close(self) -> None:
+        """Take the bar off the terminal (the lines stay)."""
+        self.bar.close()
 
     def summary(self, wall: float) -> None:
         graded = len(self.times) - len(self.failed)
         print(f"graded {graded} of {self.total} submissions in {wall:.1f} s; failed to grade: "
-              + (", ".join(j.student for j in self.failed) or "none"))
+              + (", ".join(j.student for j in self.failed) or "none"), file=self.out)
         slowest = sorted(self.times.items(), key=lambda item: -item[1])[:3]
         if slowest:
-            print("slowest: " + ", ".join(f"{j.student} {t:.1f} s" for j, t in slowest))
+            print("slowest: " + ", ".join(f"{j.student} {t:.1f} s" for j, t in slowest), file=self.out)
 
 
 class Workers:
