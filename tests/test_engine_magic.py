@@ -146,6 +146,18 @@ def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) ->
         assert parent(pid) == launcher
 
 
+def test_loading_the_extension_again_keeps_one_launcher() -> None:
+    session = KernelSession()
+    try:
+        for line in ("%load_ext distlab", "%reload_ext distlab"):
+            reply = session.execute(f"{line}\n%dist_start")
+            assert reply.error is None, reply.traceback
+        launchers = [p for p in children(session.pid) if cmdline(p)[1:] == ["-m", "distlab.launcher"]]
+        assert launchers == [session.value("__import__('distlab.hub').hub.Hub.get().launcher.pid")]
+    finally:
+        session.shutdown()
+
+
 def test_every_listening_port_is_loopback(kernel: KernelSession) -> None:
     kernel.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)")
     pids = kernel.value(PIDS)

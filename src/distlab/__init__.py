@@ -10,6 +10,7 @@ module it does not need there would delay the first cell.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,9 +49,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
     The launcher is started first, so its torch import runs while this kernel imports the magics.
     """
-    from distlab import prestart
+    hub = sys.modules.get("distlab.hub")
+    if hub is None or hub.Hub._current is None:  # a kernel that has a hub keeps its launcher
+        from distlab import prestart
 
-    prestart.start_early()
+        prestart.start_early()
     from distlab.magic import register
 
     register(ipython)
