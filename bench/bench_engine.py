@@ -72,18 +72,16 @@ def _measure(kernel: KernelSession, start: list[str], magic: str, pull: str, rep
 DISTLAB_START = ["%load_ext distlab", f"%%dist -n {WORLD}\nt = torch.ones(4)\ndist.all_reduce(t)"]
 
 
-def cold_starts(start: list[str], times: int, stop: str | None = None) -> list[float]:
-    """The cold start in ``times`` fresh kernels: one sample is too noisy to compare."""
-    samples = []
-    for _ in range(times):
-        kernel = KernelSession()
-        try:
-            samples.append(_cold_start(kernel, start))
-            if stop:
-                kernel.execute(stop)
-        finally:
-            kernel.shutdown()
-    return samples
+def fresh_cold_start(start: list[str], stop: str | None = None) -> float:
+    """One more cold start sample, in a fresh kernel (one sample is too noisy to compare)."""
+    kernel = KernelSession()
+    try:
+        seconds = _cold_start(kernel, start)
+        if stop:
+            kernel.execute(stop)
+        return seconds
+    finally:
+        kernel.shutdown()
 
 
 def bench_distlab(reps: int) -> dict[str, float]:
@@ -221,9 +219,9 @@ def main() -> None:
     # the cold start again in fresh kernels, alternating sides: the median of all samples counts
     cold_ours, cold_theirs = [ours["cold"]], [theirs["cold"]] if theirs else []
     for _ in range(args.cold_reps - 1):
-        cold_ours += cold_starts(DISTLAB_START, 1)
+        cold_ours.append(fresh_cold_start(DISTLAB_START))
         if theirs:
-            cold_theirs += cold_starts([IPP_START.format(world=WORLD), IPP_JOIN], 1, "cluster.stop_cluster_sync()")
+            cold_theirs.append(fresh_cold_start([IPP_START.format(world=WORLD), IPP_JOIN], "cluster.stop_cluster_sync()"))
     ours["cold"] = statistics.median(cold_ours)
     if theirs:
         theirs["cold"] = statistics.median(cold_theirs)

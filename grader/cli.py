@@ -148,7 +148,7 @@ class Progress:
         self.out = out or sys.stdout
         self.times: dict[Job, float] = {}
         self.failed: list[Job] = []
-        self.bar = tqdm(total=total, unit="submission", file=self.out, disable=None if self.out.isatty() else True,
+        self.bar = tqdm(total=total, unit="submission", file=self.out, disable=None,  # None: off unless a terminal
                         leave=False, dynamic_ncols=True)
 
     def done(self, job: Job, score: tuple[float, float] | None, seconds: float) -> None:

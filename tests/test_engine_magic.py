@@ -133,6 +133,10 @@ def test_ten_megabytes_of_output_do_not_block_and_keep_the_end(kernel: KernelSes
     assert kernel.execute("%%dist\nprint('after')").stdout.count("after") == 4
 
 
+def _launchers(kernel_pid: int) -> list[int]:
+    return [p for p in children(kernel_pid) if cmdline(p)[1:] == ["-m", "distlab.launcher"]]
+
+
 def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) -> None:
     assert kernel.value("'torch' in __import__('sys').modules") is False
     launcher = kernel.value("__import__('distlab.hub').hub.Hub.get().launcher.pid")
@@ -140,8 +144,7 @@ def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) ->
     assert cmdline(launcher)[0] == kernel.value("__import__('sys').executable")
     assert cmdline(launcher)[1:] == ["-m", "distlab.launcher"]
     # %load_ext started it before the magics were imported, and the hub adopted it: no second one
-    launchers = [p for p in children(kernel.pid) if cmdline(p)[1:] == ["-m", "distlab.launcher"]]
-    assert launchers == [launcher]
+    assert _launchers(kernel.pid) == [launcher]
     for pid in kernel.value(PIDS):
         assert parent(pid) == launcher
 
@@ -152,8 +155,7 @@ def test_loading_the_extension_again_keeps_one_launcher() -> None:
         for line in ("%load_ext distlab", "%reload_ext distlab"):
             reply = session.execute(f"{line}\n%dist_start")
             assert reply.error is None, reply.traceback
-        launchers = [p for p in children(session.pid) if cmdline(p)[1:] == ["-m", "distlab.launcher"]]
-        assert launchers == [session.value("__import__('distlab.hub').hub.Hub.get().launcher.pid")]
+        assert _launchers(session.pid) == [session.value("__import__('distlab.hub').hub.Hub.get().launcher.pid")]
     finally:
         session.shutdown()
 

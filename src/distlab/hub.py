@@ -46,7 +46,7 @@ class Hub:
         self._stop_r, self._stop_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
-        self._log_path = os.path.join(self.dir, "launcher.log")
+        self._log_path = os.path.join(self.dir, prestart.LOG)
         assert self.launcher.stdin is not None
         config = {"path": self.path, "key": self.key.hex(), "parent": os.getpid()}
         try:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 
+LOG = "launcher.log"  # in the folder take() returns: what the launcher printed, for error messages
 _started: tuple[str, subprocess.Popen[bytes]] | None = None
 
 
@@ -42,7 +43,7 @@ def _start() -> tuple[str, subprocess.Popen[bytes]]:
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env["MPLBACKEND"] = "module://distlab.rank_backend"
     env["PYTHONUNBUFFERED"] = "1"
-    with open(os.path.join(folder, "launcher.log"), "wb") as log:
+    with open(os.path.join(folder, LOG), "wb") as log:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "distlab.launcher"],
             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
