@@ -113,16 +113,48 @@ def test_a_crash_during_a_collective_fails_the_cell(kernel: KernelSession) -> No
     _next_cell_works(kernel, 4)
 
 
+# a process a rank starts and leaves running, as a cell that starts a helper server would
+START_SLEEPER = ("%%dist\nimport subprocess, sys\n"
+                 "sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']).pid")
+
+
+def _sleepers(kernel: KernelSession) -> list[int]:
+    reply = kernel.execute(START_SLEEPER)
+    assert reply.error is None, reply.traceback
+    return [int(pid) for pid in kernel.value("%dist_pull sleeper")]
+
+
 @pytest.mark.parametrize("how", ["SIGKILL", "shutdown"])
 def test_no_rank_outlives_its_kernel(how: str) -> None:
+    """Nor anything a rank started: each rank leads its own process group, ended with it."""
     session = KernelSession()
     session.execute("%load_ext distlab")
-    pids = _ready_pids(session, 4) + [session.value(LAUNCHER)]
+    pids = _ready_pids(session, 4) + [session.value(LAUNCHER)] + _sleepers(session)
     if how == "SIGKILL":
         session.kill()
     else:
         session.shutdown()
     assert wait_gone(pids, within=5.0) == []
+
+
+def test_a_restart_ends_what_the_old_ranks_started(kernel: KernelSession) -> None:
+    _ready_pids(kernel, 2)
+    sleepers = _sleepers(kernel)
+    assert len(sleepers) == 2 and wait_gone(sleepers, within=0.5) == sleepers  # running
+    reply = kernel.execute("%%dist -n 3\nprint(rank)")
+    assert reply.error is None, reply.traceback
+    assert wait_gone(sleepers) == []
+    _next_cell_works(kernel, 3)
+
+
+def test_a_cell_that_closes_its_output_leaves_the_next_cell_working(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 4\nimport os, sys\nif rank == 0:\n    os.close(1)\nif rank == 1:\n"
+                           "    sys.stdout.close()\nif rank == 2:\n    sys.stderr = None\n")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist\nimport sys\nprint('out', rank)\nprint('err', rank, file=sys.stderr)")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == sorted([f"[rank {r}] out {r}" for r in range(4)]
+                                                       + [f"[rank {r}] err {r}" for r in range(4)])
 
 
 @pytest.mark.slow  # waits out the handshake deadline on purpose

@@ -50,6 +50,29 @@ def test_pull_and_push(kernel: KernelSession) -> None:
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {7 + r}" for r in range(4)]
 
 
+def test_pull_brings_instances_of_classes_defined_in_a_cell(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nfrom dataclasses import dataclass\n@dataclass\nclass Stats:\n    rank: int\n"
+                           "    def double(self):\n        return 2 * self.rank\nstats = Stats(rank)")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("pulled = %dist_pull stats\nprint([(type(s).__name__, s.double()) for s in pulled])")
+    assert reply.error is None, reply.traceback
+    assert reply.stdout.strip() == str([("Stats", 2 * r) for r in range(4)])
+
+
+def test_a_value_the_kernel_cannot_rebuild_is_a_clear_error_and_the_pool_goes_on(
+        kernel: KernelSession, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "only_on_ranks.py").write_text("class Box:\n    pass\n")
+    reply = kernel.execute(f"%%dist\nimport sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+                           "import only_on_ranks\nbox = only_on_ranks.Box()\nsys.path.pop(0)")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%dist_pull box")
+    assert reply.error is not None and reply.error["ename"] == "ResultNotLoadable"
+    assert "rank 0's value cannot be rebuilt in the kernel (ModuleNotFoundError" in reply.traceback
+    assert "distlab/pool.py" not in reply.traceback  # the learner's news, not the kit's internals
+    assert reply.stderr == ""
+    assert kernel.value("%dist_pull rank") == [0, 1, 2, 3]
+
+
 def test_ranks_option_runs_only_the_listed_ranks(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist --ranks 0,2\nprint('here')")
     assert sorted(reply.stdout.splitlines()) == ["[rank 0] here", "[rank 2] here"]

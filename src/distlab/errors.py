@@ -114,6 +114,21 @@ class PoolDied(DistlabError):
         return (type(self), self.args)
 
 
+class ResultNotLoadable(DistlabError):
+    """A rank's value arrived but cannot be rebuilt in the kernel: its type can be imported on the
+    rank only (a module the kernel cannot import, a library missing here)."""
+
+    @classmethod
+    def of_rank(cls, rank: int, exc: BaseException) -> ResultNotLoadable:
+        return cls(tr("rank {rank}'s value cannot be rebuilt in the kernel ({error}). Classes and functions defined in "
+                      "%%dist cells come along; a type from a module that only the ranks can import does not: return plain "
+                      "data (numbers, lists, tensors) instead.",
+                      rank=rank, error=f"{type(exc).__name__}: {exc}"))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)
+
+
 class BackendUnavailable(DistlabError, ValueError):
     """The requested backend cannot run here (for instance NCCL with fewer GPUs than ranks)."""
 

@@ -119,6 +119,11 @@ ZH: dict[str, str] = {
     "Use --backend gloo to run on the CPU, or fewer ranks.":
         "--backend nccl 要求每个 rank 一张 GPU：有 {n} 个 rank，但只看得到 {gpus} 张 GPU。"
         "用 --backend gloo 在 CPU 上运行，或者减少 rank 数。",
+    "rank {rank}'s value cannot be rebuilt in the kernel ({error}). Classes and functions defined in "
+    "%%dist cells come along; a type from a module that only the ranks can import does not: return plain "
+    "data (numbers, lists, tensors) instead.":
+        "rank {rank} 的值无法在 kernel 里重建（{error}）。在 %%dist 单元格里定义的类和函数会随值一起传回；"
+        "只有 rank 能导入的模块里的类型不行：请改为返回普通数据（数字、列表、张量）。",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

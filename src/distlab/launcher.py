@@ -107,10 +107,7 @@ class Launcher:
         elif isinstance(message, KillGeneration):
             for pid, (pool_id, generation, _) in self.children.items():
                 if (pool_id, generation) == (message.pool_id, message.generation):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    _kill_group(pid)
 
     def spawn(self, request: SpawnRanks) -> None:
         # rank 0 hosts the TCPStore on this socket; the OS picks the port, so there is no race
@@ -122,6 +119,10 @@ class Launcher:
             pid = os.fork()
             if pid == 0:
                 self._become_rank(request, rank, store, port)
+            try:
+                os.setpgid(pid, pid)  # here too, so the group exists before any kill (no race with the child)
+            except OSError:
+                pass  # the child got there first
             self.children[pid] = (request.pool_id, request.generation, rank)
         store.close()
 
@@ -129,6 +130,7 @@ class Launcher:
         code = 1
         try:
             self.conn.close()
+            os.setpgid(0, 0)  # its own process group: what the rank starts ends with it (_kill_group)
             die_with_parent()
             from distlab.worker import RankSpec, rank_main
 
@@ -145,12 +147,14 @@ class Launcher:
 
     def reap(self) -> None:
         while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+            try:  # look before reaping: while the rank is a zombie its group id cannot be reused
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if exited is None:
                 return
+            _kill_group(exited.si_pid)  # what the rank left running (a subprocess, a server) ends too
+            pid, status = os.waitpid(exited.si_pid, 0)
             pool_id, generation, rank = self.children.pop(pid, ("", 0, -1))
             if rank >= 0:
                 code = os.waitstatus_to_exitcode(status)
@@ -158,16 +162,25 @@ class Launcher:
 
     def kill_all(self) -> None:
         for pid in list(self.children):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_group(pid)
         for pid in list(self.children):
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
         self.children.clear()
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a rank and every process in its group (it leads one; see _become_rank). Called only
+    for a rank not yet reaped, so the group id is still this rank's."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:  # no such group after all: the rank alone
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import cloudpickle
 from distlab import codeship, protocol
 from distlab.backends import resolve_backend
 from distlab.cluster import ClusterLaunch
-from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout
+from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout, ResultNotLoadable
 from distlab.hub import Hub
 from distlab.i18n import tr
 from distlab.protocol import Display, Done, FailureKind, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
@@ -485,8 +485,14 @@ class Pool:
 def values_of(dones: dict[int, Done]) -> list[Any]:
     """Each rank's returned value, in rank order. The one place the kernel unpickles a rank's
     result: only bytes it asked for, from ranks that proved they hold the pool's key."""
-    values = [dones[r].value for r in sorted(dones)]
-    return [pickle.loads(value) if value is not None else None for value in values]
+    values = []
+    for rank in sorted(dones):
+        data = dones[rank].value
+        try:
+            values.append(pickle.loads(data) if data is not None else None)
+        except Exception as exc:  # noqa: BLE001 - any failure to rebuild it is the same news to the learner
+            raise ResultNotLoadable.of_rank(rank, exc) from None
+    return values
 
 
 def traces_of(dones: dict[int, Done]) -> list[list[CallRecord]]:

@@ -82,27 +82,52 @@ class _Forwarder(threading.Thread):
             self.send(Output(self.rank, self.stream, data.decode("utf-8", "replace")))  # type: ignore[arg-type]
 
 
+def _text(fd: int) -> io.TextIOWrapper:
+    """A line-buffered text stream on ``fd`` that does not close the descriptor when closed itself."""
+    return io.TextIOWrapper(os.fdopen(fd, "wb", buffering=0, closefd=False), line_buffering=True, write_through=True)
+
+
 class CapturedOutput:
     """Replaces fds 1 and 2 with pipes read by forwarder threads."""
 
     def __init__(self, rank: int, send: Send) -> None:
         self.forwarders = []
+        self._spares: dict[int, int] = {}  # fd -> a spare write end of its pipe
         for fd, stream in ((1, "stdout"), (2, "stderr")):
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
-            os.close(write_end)
+            os.set_inheritable(write_end, False)
+            self._spares[fd] = write_end
             forwarder = _Forwarder(read_end, stream, rank, send)
             forwarder.start()
             self.forwarders.append(forwarder)
-        sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), line_buffering=True, write_through=True)
-        sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), line_buffering=True, write_through=True)
+        self.stdout, self.stderr = _text(1), _text(2)
+        sys.stdout, sys.stderr = self.stdout, self.stderr
+
+    def repair(self) -> None:
+        """Put back what a previous cell closed (``os.close(1)``, ``sys.stdout.close()``,
+        ``sys.stdout = None``), so one cell cannot leave a rank failing or mute for the rest of its
+        life. A redirection that still works (``sys.stdout = open(...)``) is the learner's and stays."""
+        for fd, spare in self._spares.items():
+            try:
+                os.fstat(fd)
+            except OSError:
+                os.dup2(spare, fd)
+        if self.stdout.closed:
+            self.stdout = _text(1)
+        if self.stderr.closed:
+            self.stderr = _text(2)
+        if sys.stdout is None or sys.stdout.closed:
+            sys.stdout = self.stdout
+        if sys.stderr is None or sys.stderr.closed:
+            sys.stderr = self.stderr
 
     def sync(self) -> None:
         """Return once everything written so far has been sent to the kernel."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):  # closed, or replaced by None or a stub
                 pass
         for forwarder in self.forwarders:
             forwarder.flush()

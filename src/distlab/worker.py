@@ -64,13 +64,15 @@ class RankSpec:
     store_addr: str = ""  # a joined rank 0: the "address:port" its TCPStore listens on
 
 
-class _CudaToCpuPickler(pickle.Pickler):
-    """Results come home on the CPU, so the kernel never has to initialise CUDA to read them."""
+class _ResultPickler(cloudpickle.Pickler):
+    """Results come home on the CPU, so the kernel never has to initialise CUDA to read them; and,
+    as cloudpickle does, classes and functions defined in cells come by value, because the
+    kernel has no copy of them."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
             return (_identity, (obj.detach().cpu(),))
-        return NotImplemented
+        return super().reducer_override(obj)
 
 
 def _identity(value: Any) -> Any:
@@ -81,7 +83,7 @@ def dumps_result(value: Any) -> bytes:
     import io
 
     buffer = io.BytesIO()
-    _CudaToCpuPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     return buffer.getvalue()
 
 
@@ -237,6 +239,7 @@ class Rank:
         value: bytes | None = None
         records: list[Any] | None = None
         failure = None
+        self.output.repair()
         try:
             if not dist.is_initialized():  # the previous cell destroyed the group: join a fresh one
                 self._rejoin()
