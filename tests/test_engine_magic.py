@@ -66,11 +66,34 @@ def test_a_value_the_kernel_cannot_rebuild_is_a_clear_error_and_the_pool_goes_on
                            "import only_on_ranks\nbox = only_on_ranks.Box()\nsys.path.pop(0)")
     assert reply.error is None, reply.traceback
     reply = kernel.execute("%dist_pull box")
-    assert reply.error is not None and reply.error["ename"] == "ResultNotLoadable"
+    assert reply.error is not None and reply.error["ename"] == "TransferFailed"
     assert "rank 0's value cannot be rebuilt in the kernel (ModuleNotFoundError" in reply.traceback
     assert "distlab/pool.py" not in reply.traceback  # the learner's news, not the kit's internals
     assert reply.stderr == ""
     assert kernel.value("%dist_pull rank") == [0, 1, 2, 3]
+
+
+def test_values_that_do_not_pickle_fail_clearly_both_ways(kernel: KernelSession) -> None:
+    reply = kernel.execute("g = (i for i in range(3))\n%dist_push g")
+    assert reply.error is not None and reply.error["ename"] == "TransferFailed"
+    assert "the value of 'g' cannot be sent to the ranks (TypeError: cannot pickle 'generator' object)" in reply.traceback
+    assert "cloudpickle" not in reply.traceback
+    kernel.execute("%%dist\nimport threading\nlock = threading.Lock()")
+    reply = kernel.execute("%dist_pull lock")
+    assert reply.error is not None and reply.error["ename"] == "RankError"
+    assert "--- ranks 0-3 ---" in reply.traceback
+    assert "TransferFailed: the value of 'lock' cannot be sent to the kernel (TypeError: cannot pickle" in reply.traceback
+    assert "cloudpickle" not in reply.traceback and reply.stderr == ""
+    assert kernel.value("%dist_pull rank") == [0, 1, 2, 3]
+
+
+def test_an_exception_whose_str_fails_is_reported_and_the_rank_lives_on(kernel: KernelSession) -> None:
+    pids = kernel.value(PIDS)
+    reply = kernel.execute("%%dist\nclass Odd(Exception):\n    def __str__(self):\n        raise ValueError\n"
+                           "if rank == 0:\n    raise Odd()")
+    assert reply.error is not None and "rank 0: Odd: <exception str() failed>" in reply.traceback
+    assert "at cell line 5: raise Odd()" in reply.traceback
+    assert kernel.value(PIDS) == pids  # not a crash: no restart, the ranks keep their variables
 
 
 def test_ranks_option_runs_only_the_listed_ranks(kernel: KernelSession) -> None:

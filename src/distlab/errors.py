@@ -114,19 +114,36 @@ class PoolDied(DistlabError):
         return (type(self), self.args)
 
 
-class ResultNotLoadable(DistlabError):
-    """A rank's value arrived but cannot be rebuilt in the kernel: its type can be imported on the
-    rank only (a module the kernel cannot import, a library missing here)."""
+class TransferFailed(DistlabError):
+    """A value could not move between the kernel and the ranks: it does not pickle (a lock, a
+    generator, an open file), or its type cannot be imported where it arrives."""
 
     @classmethod
-    def of_rank(cls, rank: int, exc: BaseException) -> ResultNotLoadable:
+    def to_ranks(cls, what: str, exc: BaseException) -> TransferFailed:
+        return cls(tr("{what} cannot be sent to the ranks ({error}). Send plain data (numbers, lists, tensors) "
+                      "or functions.", what=what, error=_one_line(exc)))
+
+    @classmethod
+    def to_kernel(cls, what: str, exc: BaseException) -> TransferFailed:
+        return cls(tr("{what} cannot be sent to the kernel ({error}). Return plain data (numbers, lists, "
+                      "tensors) instead.", what=what, error=_one_line(exc)))
+
+    @classmethod
+    def not_rebuilt(cls, rank: int, exc: BaseException) -> TransferFailed:
         return cls(tr("rank {rank}'s value cannot be rebuilt in the kernel ({error}). Classes and functions defined in "
                       "%%dist cells come along; a type from a module that only the ranks can import does not: return plain "
-                      "data (numbers, lists, tensors) instead.",
-                      rank=rank, error=f"{type(exc).__name__}: {exc}"))
+                      "data (numbers, lists, tensors) instead.", rank=rank, error=_one_line(exc)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), self.args)
+
+
+def _one_line(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose str() fails still deserves a name
+        text = "str() failed"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class BackendUnavailable(DistlabError, ValueError):

@@ -119,6 +119,13 @@ ZH: dict[str, str] = {
     "Use --backend gloo to run on the CPU, or fewer ranks.":
         "--backend nccl 要求每个 rank 一张 GPU：有 {n} 个 rank，但只看得到 {gpus} 张 GPU。"
         "用 --backend gloo 在 CPU 上运行，或者减少 rank 数。",
+    "{what} cannot be sent to the ranks ({error}). Send plain data (numbers, lists, tensors) or functions.":
+        "{what}无法发送给各个 rank（{error}）。请发送普通数据（数字、列表、张量）或函数。",
+    "{what} cannot be sent to the kernel ({error}). Return plain data (numbers, lists, tensors) instead.":
+        "{what}无法发送回 kernel（{error}）。请改为返回普通数据（数字、列表、张量）。",
+    "the value of {name!r}": "变量 {name!r} 的值",
+    "the function's result": "函数的返回值",
+    "the function or its arguments": "函数或它的参数",
     "rank {rank}'s value cannot be rebuilt in the kernel ({error}). Classes and functions defined in "
     "%%dist cells come along; a type from a module that only the ranks can import does not: return plain "
     "data (numbers, lists, tensors) instead.":

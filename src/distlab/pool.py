@@ -27,7 +27,7 @@ import cloudpickle
 from distlab import codeship, protocol
 from distlab.backends import resolve_backend
 from distlab.cluster import ClusterLaunch
-from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout, ResultNotLoadable
+from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout, TransferFailed
 from distlab.hub import Hub
 from distlab.i18n import tr
 from distlab.protocol import Display, Done, FailureKind, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
@@ -349,7 +349,10 @@ class Pool:
     def call(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
              timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
         files, sources = codeship.describe(fn)
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), files, sources))
+        try:
+            payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), files, sources))
+        except Exception as exc:  # noqa: BLE001 - whatever pickling raises, the learner's news is the same
+            raise TransferFailed.to_ranks(tr("the function or its arguments"), exc) from None
         path = tuple(sys.path)
         return self.execute(lambda t: protocol.RunFunction(t, payload, trace, path), None, timeout)
 
@@ -357,7 +360,10 @@ class Pool:
         return values_of(self.execute(lambda t: protocol.Pull(t, name), ranks, timeout))
 
     def push(self, name: str, value: Any, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> None:
-        payload = cloudpickle.dumps(value)
+        try:
+            payload = cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - as in call()
+            raise TransferFailed.to_ranks(tr("the value of {name!r}", name=name), exc) from None
         path = tuple(sys.path)
         self.execute(lambda t: protocol.Push(t, name, payload, path), ranks, timeout)
 
@@ -491,7 +497,7 @@ def values_of(dones: dict[int, Done]) -> list[Any]:
         try:
             values.append(pickle.loads(data) if data is not None else None)
         except Exception as exc:  # noqa: BLE001 - any failure to rebuild it is the same news to the learner
-            raise ResultNotLoadable.of_rank(rank, exc) from None
+            raise TransferFailed.not_rebuilt(rank, exc) from None
     return values
 
 

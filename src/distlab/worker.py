@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from distlab import codeship, protocol, rank_io
-from distlab.errors import SubmissionFailed
+from distlab.errors import SubmissionFailed, TransferFailed
+from distlab.i18n import tr
 from distlab.protocol import (
     Done,
     FailureKind,
@@ -275,15 +276,22 @@ class Rank:
             self.in_user_code = True
             result = fn(*args, **kwargs)
             self.in_user_code = False
-            return dumps_result(result)
+            return self._result(result, tr("the function's result"))
         if isinstance(task, Pull):
             if task.name not in self.namespace:
                 raise NameError(f"name {task.name!r} is not defined on rank {self.spec.rank}")
-            return dumps_result(self.namespace[task.name])
+            return self._result(self.namespace[task.name], tr("the value of {name!r}", name=task.name))
         if isinstance(task, Push):
             self.namespace[task.name] = cloudpickle.loads(task.payload)
             return None
         raise TypeError(f"unknown task {type(task).__name__}")
+
+    @staticmethod
+    def _result(value: Any, what: str) -> bytes:
+        try:
+            return dumps_result(value)
+        except Exception as exc:  # noqa: BLE001 - a lock, a generator, an open file: the same news
+            raise TransferFailed.to_kernel(what, exc) from None
 
     def _run_cell(self, source: str, filename: str) -> None:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -345,7 +353,15 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
     if isinstance(exc, SyntaxError) and exc.filename == filename:
         lineno, line = exc.lineno, (exc.text or "")
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
-    return RankFailure(rank, type(exc).__name__, str(exc), text, filename, lineno, line, kind=kind)
+    return RankFailure(rank, type(exc).__name__, _safe_str(exc), text, filename, lineno, line, kind=kind)
+
+
+def _safe_str(exc: BaseException) -> str:
+    """str(exc), even for an exception whose __str__ raises (which must not end the rank)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return "<exception str() failed>"
 
 
 def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:
