@@ -119,6 +119,28 @@ def test_grading_ranks_cannot_import_the_reference_or_run_programs() -> None:
     assert "start other programs" in shelled[0][2]
 
 
+# signal 0 only asks whether a signal could be sent: if the refusal ever broke, nothing is hurt
+SIGNAL_OTHERS = """import os
+def all_reduce_rs_ag(tensor, op=None, group=None):
+    os.kill(os.getpid(), 0)  # itself: allowed
+    launcher = os.getppid()
+    with open(f"/proc/{launcher}/stat") as stat:
+        grader = int(stat.read().rsplit(")", 1)[1].split()[1])
+    os.kill(grader, 0)
+"""
+
+
+@pytest.mark.slow
+def test_grading_ranks_cannot_signal_the_grader_or_other_processes() -> None:
+    for source, refused in ((SIGNAL_OTHERS, "os.kill"),
+                            (SIGNAL_OTHERS.replace("os.kill(grader, 0)", "os.kill(-1, 0)"), "os.kill -1"),
+                            (SIGNAL_OTHERS.replace("os.kill(grader, 0)", "os.killpg(os.getpgid(launcher), 0)"),
+                             "os.killpg")):
+        graded = _grade(source, ())
+        assert not any(passed for _, passed, _ in graded)
+        assert f"signal other processes ({refused}" in graded[0][2], graded[0][2]
+
+
 @pytest.mark.slow
 def test_the_committed_ring_recording_matches_the_reference() -> None:
     from distlab.replay import recording, ring_frames

@@ -10,7 +10,9 @@ removed from Python once added. It refuses:
   ``import``, ``exec(open(...))``, ``importlib`` and ``pathlib`` are covered alike);
 - importing the instructor's ``grader`` package by name;
 - starting other programs (``cat solutions/...`` would read around the hook);
-- ``ctypes`` loading libraries or reading raw memory (the way to unhook an audit hook).
+- ``ctypes`` loading libraries or reading raw memory (the way to unhook an audit hook);
+- signalling any process but the rank itself and what it started (``os.kill`` of the grader,
+  which a rank finds as its launcher's parent, or of every process with ``os.kill(-1, ...)``).
 
 It is defence in depth, not a sandbox: grade untrusted code in a container or VM as well.
 """
@@ -27,6 +29,7 @@ _PROGRAMS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spa
                        "os.startfile", "pty.spawn"})
 _RAW_MEMORY = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
                          "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"})
+_SIGNALS = frozenset({"os.kill", "os.killpg"})
 REFUSED = "the grader does not let submissions"
 
 _installed: tuple[str, ...] | None = None
@@ -43,6 +46,26 @@ def _real(path: Any) -> str | None:
 
 def _inside(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _own(event: str, target: Any) -> bool:
+    """True for the rank itself or its own process group (the rank leads one: what it started)."""
+    if not isinstance(target, int):
+        return False
+    me = os.getpid()
+    leads = os.getpgrp() == me  # forked by distlab's launcher: yes; otherwise only itself
+    if event == "os.killpg":
+        return leads and target in (0, me)
+    if target > 0:
+        return target == me or (leads and _group_of(target) == me)
+    return leads and target in (0, -me)  # 0: the rank's own group; -1 (every process) is refused
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def install(protected: Iterable[str]) -> None:
@@ -64,5 +87,7 @@ def install(protected: Iterable[str]) -> None:
             raise PermissionError(f"{REFUSED} start other programs ({event})")
         elif event in _RAW_MEMORY:
             raise PermissionError(f"{REFUSED} use ctypes ({event})")
+        elif event in _SIGNALS and args and not _own(event, args[0]):
+            raise PermissionError(f"{REFUSED} signal other processes ({event} {args[0]})")
 
     sys.addaudithook(hook)
