@@ -239,12 +239,40 @@ def _every_route() -> dict[str, Any]:
         with watcher.watch() as log:
             route(torch.ones(4))
         logs[name] = log
+    for name, around in _around_the_recorder().items():
+        with watcher.watch() as log:
+            around(torch.ones(4), log)
+        logs[name] = log
     with watcher.watch() as log:
         from torch.utils._python_dispatch import _pop_mode
 
         _pop_mode()  # a submission switching the recorder off
     logs["tampered"] = log
     return logs
+
+
+def _around_the_recorder() -> dict[str, Any]:
+    """Ways to communicate that no hook sees: only the backends' own counters notice them."""
+    import threading
+
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def modes_off(t: Any, log: Any) -> None:
+        with _disable_current_modes():
+            funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD))
+
+    def other_thread(t: Any, log: Any) -> None:  # dispatch modes belong to the thread that set them
+        worker = threading.Thread(target=lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD)))
+        worker.start()
+        worker.join()
+
+    def record_removed(t: Any, log: Any) -> None:
+        dist.all_reduce(t)
+        log["ops"].clear()
+
+    return {"modes off": modes_off, "other thread": other_thread, "record removed": record_removed}
 
 
 def test_guard_sees_every_route_to_the_wire() -> None:
@@ -257,6 +285,11 @@ def test_guard_sees_every_route_to_the_wire() -> None:
     assert "rendezvous store" in (compare.comm_problem(logs["store"], **rule) or "")
     assert compare.comm_problem(logs["allowed"], **rule) is None
     assert logs["tampered"]["violations"] == ["the dispatch recorder was removed"]
+    for honest in ("all_reduce", "process_group", "backend", "store", "allowed"):
+        assert logs[honest]["violations"] == [], honest
+    for around in ("modes off", "other thread", "record removed"):
+        assert logs[around]["violations"] == ["1 communication(s) went around the recorder"], around
+        assert "tampered with the grader's communication recorder" in (compare.comm_problem(logs[around], **rule) or "")
 
 
 def test_visible_helper_passes_a_correct_function_and_explains_a_wrong_one() -> None:

@@ -117,6 +117,10 @@ def test_grading_ranks_cannot_import_the_reference_or_run_programs() -> None:
     assert "import the instructor's reference code (grader.reference)" in imported[0][2]
     shelled = _grade("import subprocess\nsubprocess.run(['true'])\n", ())
     assert "start other programs" in shelled[0][2]
+    forked = _grade("import os\ndef all_reduce_rs_ag(tensor, op=None, group=None):\n"
+                    "    if os.fork() == 0:\n        os._exit(0)\n", ())
+    assert not any(passed for _, passed, _ in forked)
+    assert "start other programs (os.fork)" in forked[0][2], forked[0][2]
 
 
 # signal 0 only asks whether a signal could be sent: if the refusal ever broke, nothing is hurt

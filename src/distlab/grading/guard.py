@@ -12,7 +12,11 @@ can be sidestepped from Python:
   (names as the learner wrote them, ``all_reduce`` rather than ``allreduce_``).
 
 After each watched call the guard checks that its hooks are still in place; a submission that
-removed them gets a violation, not a pass. The records are plain Python values, so they travel
+removed them gets a violation, not a pass. It also counts, in C++, what every process group
+did: each backend numbers its operations (``_get_sequence_number_for_group``), and each
+recorded operation notes how far the numbers moved while it ran. Numbers that moved outside
+any recorded operation mean communication went around the recorder (dispatch modes disabled,
+another thread, a record removed), which is a violation too. The records are plain Python values, so they travel
 back to the trusted grader without unpickling anything the submission could have built.
 """
 
@@ -26,9 +30,31 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 _C10D = torch._C._distributed_c10d
+# taken before any submission runs; a torch without it leaves this check out
+_SEQUENCE: Callable[[Any], int] | None = getattr(_C10D.ProcessGroup, "_get_sequence_number_for_group", None)
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_dtensor")
 _NEUTRAL_OPS = {"wait_tensor"}
 _P2P_OPS = {"send", "recv_", "recv_any_source_"}  # functional collectives' wait: not a communication of its own
+
+
+def _sequence_numbers() -> dict[int, int]:
+    """How many operations each process group of this rank has run so far (C++ counters)."""
+    from torch.distributed.distributed_c10d import _world
+
+    numbers: dict[int, int] = {}
+    if _SEQUENCE is None:
+        return numbers
+    for group in list(_world.pg_map):
+        try:
+            numbers[id(group)] = int(_SEQUENCE(group))
+        except Exception:  # noqa: BLE001 - a group being torn down counts nothing
+            continue
+    return numbers
+
+
+def _moved(before: dict[int, int], after: dict[int, int]) -> int:
+    """Operations run between two readings of ``_sequence_numbers`` (a new group starts at 0)."""
+    return sum(max(0, number - before.get(group, 0)) for group, number in after.items())
 
 
 def _numel(value: Any) -> int:
@@ -61,10 +87,15 @@ class _Recorder(TorchDispatchMode):
                 # c10d ops take (outputs, inputs, ...) for gathers and scatters, (tensors, ...) otherwise
                 out = _numel(args[0]) if args else 0
                 inp = _numel(args[1]) if len(args) > 1 else 0
-                entry: dict[str, Any] = {"via": "dispatch", "op": name, "out": out, "in": inp}
+                entry: dict[str, Any] = {"via": "dispatch", "op": name, "out": out, "in": inp, "seq": 0}
                 if name in _P2P_OPS and len(args) > 2 and isinstance(args[2], int):
                     entry["peer"] = args[2]  # send/recv_: (tensors, group, peer rank in the group, tag)
                 self.sink.append(entry)
+                before = _sequence_numbers()
+                try:
+                    return func(*args, **(kwargs or {}))
+                finally:
+                    entry["seq"] = _moved(before, _sequence_numbers())
         return func(*args, **(kwargs or {}))
 
 
@@ -107,9 +138,15 @@ class CommGuard:
         guard = self
 
         def watched(*args: Any, **kwargs: Any) -> Any:
-            if guard._armed is not None:
-                guard._armed.append({"via": label.split(".", 1)[0], "op": label, "out": 0, "in": 0})
-            return original(*args, **kwargs)
+            if guard._armed is None:
+                return original(*args, **kwargs)
+            entry = {"via": label.split(".", 1)[0], "op": label, "out": 0, "in": 0, "seq": 0}
+            guard._armed.append(entry)
+            before = _sequence_numbers()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                entry["seq"] = _moved(before, _sequence_numbers())
 
         return watched
 
@@ -124,6 +161,7 @@ class CommGuard:
         recorder = _Recorder(log["ops"])
         with _python_recording() as python_calls:
             self._armed = log["ops"]
+            start = _sequence_numbers()
             recorder.__enter__()
             try:
                 yield log
@@ -135,6 +173,10 @@ class CommGuard:
                 else:  # popped, or buried under a mode of the submission's own
                     log["violations"].append("the dispatch recorder was removed")
                 log["violations"].extend(self._replaced_hooks())
+                unseen = _moved(start, _sequence_numbers()) - sum(
+                    int(e.get("seq") or 0) for e in log["ops"] if isinstance(e, dict))
+                if unseen > 0:
+                    log["violations"].append(f"{unseen} communication(s) went around the recorder")
         for call in python_calls:
             log["ops"].append({"via": "python", "op": str(call.get("op", "?")), "out": 0, "in": 0})
 

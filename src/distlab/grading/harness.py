@@ -75,7 +75,11 @@ def call(fn: Callable[..., Any], case_text: str, *args: Any, **kwargs: Any) -> A
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    try:
+        said = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises is still the student's failure
+        said = "<exception str() failed>"
+    text = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == SUBMISSION_FILE]
     if frames:
         last = frames[-1]

@@ -9,7 +9,8 @@ removed from Python once added. It refuses:
 - opening any file under a protected directory (``open``, ``os.open``, ``io.open_code``: so
   ``import``, ``exec(open(...))``, ``importlib`` and ``pathlib`` are covered alike);
 - importing the instructor's ``grader`` package by name;
-- starting other programs (``cat solutions/...`` would read around the hook);
+- starting other programs (``cat solutions/...`` would read around the hook) or forking
+  (a fork bomb takes the instructor's machine down, not just the rank);
 - ``ctypes`` loading libraries or reading raw memory (the way to unhook an audit hook);
 - signalling any process but the rank itself and what it started (``os.kill`` of the grader,
   which a rank finds as its launcher's parent, or of every process with ``os.kill(-1, ...)``).
@@ -26,7 +27,7 @@ from typing import Any
 
 INSTRUCTOR_PACKAGES = ("grader",)
 _PROGRAMS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                       "os.startfile", "pty.spawn"})
+                       "os.startfile", "pty.spawn", "os.fork", "os.forkpty"})
 _RAW_MEMORY = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
                          "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"})
 _SIGNALS = frozenset({"os.kill", "os.killpg"})
