@@ -96,6 +96,40 @@ def test_an_exception_whose_str_fails_is_reported_and_the_rank_lives_on(kernel: 
     assert kernel.value(PIDS) == pids  # not a crash: no restart, the ranks keep their variables
 
 
+TORCHRUN_SCRIPT = """import os
+import torch
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group(backend="gloo"{extra})
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    print(f"rank {{rank}}/{{world}} local {{os.environ['LOCAL_RANK']}}: {{t.item()}}")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_script_written_for_torchrun_runs_as_a_cell_twice(kernel: KernelSession) -> None:
+    for _ in range(2):  # it destroys the group at the end: the next run joins a fresh one
+        reply = kernel.execute("%%dist -n 4\n" + TORCHRUN_SCRIPT.format(extra=""))
+        assert reply.error is None, reply.traceback
+        assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] rank {r}/4 local {r}: 6.0" for r in range(4)]
+        assert reply.stderr == ""
+
+
+def test_a_script_asking_for_another_world_size_is_told_why_it_runs_on_the_pool(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 4\n" + TORCHRUN_SCRIPT.format(extra=", world_size=2"))
+    assert reply.error is None, reply.traceback
+    notes = [line for line in reply.stdout.splitlines() if "init_process_group call was skipped" in line]
+    assert notes == ["[rank 0] distlab: the ranks already form a process group (4 ranks, gloo), so this "
+                     "init_process_group call was skipped and its world_size=2 does not apply. Run the cell "
+                     "with %%dist -n N --backend B to change them."]
+
+
 def test_ranks_option_runs_only_the_listed_ranks(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist --ranks 0,2\nprint('here')")
     assert sorted(reply.stdout.splitlines()) == ["[rank 0] here", "[rank 2] here"]

@@ -131,6 +131,10 @@ ZH: dict[str, str] = {
     "data (numbers, lists, tensors) instead.":
         "rank {rank} 的值无法在 kernel 里重建（{error}）。在 %%dist 单元格里定义的类和函数会随值一起传回；"
         "只有 rank 能导入的模块里的类型不行：请改为返回普通数据（数字、列表、张量）。",
+    "distlab: the ranks already form a process group ({n} ranks, {backend}), so this init_process_group call "
+    "was skipped and its {wanted} does not apply. Run the cell with %%dist -n N --backend B to change them.":
+        "distlab：这些 rank 已经组成了进程组（{n} 个 rank，{backend}），所以这次 init_process_group 调用被跳过，"
+        "其中的 {wanted} 不会生效。要改变它们，请用 %%dist -n N --backend B 运行这个单元格。",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

@@ -327,11 +327,30 @@ def _make_reinit_harmless() -> None:
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         if dist.is_initialized():
+            _note_skipped_init(args, kwargs)
             return None
         return original(*args, **kwargs)
 
     init_process_group.__doc__ = original.__doc__
     dist.init_process_group = init_process_group
+
+
+def _note_skipped_init(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Say so when the skipped call asked for another world size or backend than the pool has,
+    because the cell will run with the pool's, not the script's."""
+    backend = kwargs.get("backend", args[0] if args else None)
+    world_size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
+    actual_size, actual_backend = dist.get_world_size(), str(dist.get_backend())
+    wanted = []
+    if isinstance(world_size, int) and world_size > 0 and world_size != actual_size:
+        wanted.append(f"world_size={world_size}")
+    if isinstance(backend, str) and backend and backend.lower() not in actual_backend.lower():
+        wanted.append(f"backend={backend!r}")
+    if wanted and dist.get_rank() == 0:
+        print(tr("distlab: the ranks already form a process group ({n} ranks, {backend}), so this init_process_group call "
+                 "was skipped and its {wanted} does not apply. Run the cell with %%dist -n N --backend B to change them.",
+                 n=actual_size, backend=actual_backend,
+                 wanted=", ".join(wanted)), file=sys.stderr)
 
 
 _WORKER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
