@@ -121,6 +121,19 @@ def test_a_script_written_for_torchrun_runs_as_a_cell_twice(kernel: KernelSessio
         assert reply.stderr == ""
 
 
+@pytest.mark.parametrize("destroyed_on", ["", " --ranks 0,2"])
+def test_after_a_cell_destroys_the_group_any_ranks_run_on_a_fresh_one(kernel: KernelSession, destroyed_on: str) -> None:
+    kernel.execute("%%dist -n 4\nkept = rank * 10")
+    reply = kernel.execute(f"%%dist{destroyed_on}\ndist.destroy_process_group()")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist --ranks 1 --timeout 20\nprint(dist.get_world_size())")
+    assert reply.error is None, reply.traceback
+    assert reply.stdout.splitlines() == ["[rank 1] 4"]
+    reply = kernel.execute("%%dist --timeout 20\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(int(t.item()), kept)")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] 4 {r * 10}" for r in range(4)]  # no restart
+
+
 def test_a_script_asking_for_another_world_size_is_told_why_it_runs_on_the_pool(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist -n 4\n" + TORCHRUN_SCRIPT.format(extra=", world_size=2"))
     assert reply.error is None, reply.traceback

@@ -152,6 +152,8 @@ class Pool:
         self.restarts = 0
         self.eager_restart = eager_restart  # start the next generation right after a failure
         self.used = False  # has any task run on this pool (so its ranks may hold state)?
+        self._ungrouped: set[int] = set()  # ranks whose last task destroyed their process group
+        self._regroups = 0
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -161,6 +163,7 @@ class Pool:
             self.hub = Hub.get()
         self.generation += 1
         self.handles = {}
+        self._ungrouped = set()
         self._rendezvous_sent = False
         if self.cluster is None:
             self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
@@ -381,7 +384,10 @@ class Pool:
         """Send one task to ``ranks`` (all by default) and wait for every one of them, with a deadline."""
         self.ensure_ready()
         self.used = True
+        if self._ungrouped:  # a cell destroyed the group (scripts end so): every rank joins a new one first
+            self._regroup(timeout)
         targets = sorted(set(ranks)) if ranks is not None else list(range(self.world_size))
+        generation = self.generation
         task_id = next(self._tasks)
         message = protocol.encode(make_task(task_id))
         begin = getattr(self.sink, "begin", None)
@@ -403,7 +409,20 @@ class Pool:
                 end()
             for handle in self.handles.values():
                 handle.busy = False
-        return waiter.outcome(timeout, cell_lines or {})
+        outcome = waiter.outcome(timeout, cell_lines or {})
+        if self.generation == generation:  # (after a restart every rank has a fresh group)
+            self._ungrouped |= {rank for rank, done in outcome.dones.items() if not done.grouped}
+        return outcome
+
+    def _regroup(self, timeout: float) -> None:
+        """Rebuild the process group on every rank, even when the next task runs on a few: a new
+        group needs all of them, and ranks that kept the old one must leave it too."""
+        self._ungrouped = set()
+        self._regroups += 1
+        regroup = self._regroups
+        error = self.submit(lambda t: protocol.Regroup(t, regroup), None, timeout).error()
+        if error is not None:
+            raise error
 
     # --- used by the waiter -------------------------------------------------------------------
     def signal_ranks(self, ranks: Sequence[int], signum: int) -> None:

@@ -181,6 +181,7 @@ class Done:
     value: bytes | None = None
     trace: bytes | None = None
     seconds: float = 0.0
+    grouped: bool = True  # the rank still has its process group (False: the task destroyed it)
     kind: Literal["done"] = "done"
 
 
@@ -220,19 +221,29 @@ class Push:
 
 
 @dataclass(frozen=True)
+class Regroup:
+    """Every rank joins a fresh process group (a cell destroyed the old one, as scripts do)."""
+
+    task: int
+    round: int  # the same on every rank: names the new group's keys in the store
+    kind: Literal["regroup"] = "regroup"
+
+
+@dataclass(frozen=True)
 class Stop:
     kind: Literal["stop"] = "stop"
 
 
 Message = Union[
     SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
-    Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop, ControlHello, Rendezvous, Control, Stack,
+    Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, ControlHello, Rendezvous, Control,
+    Stack,
 ]
-Task = Union[RunCell, RunFunction, Pull, Push]
+Task = Union[RunCell, RunFunction, Pull, Push, Regroup]
 
 _ALLOWED = {cls.__name__: cls for cls in (
     RankFailure, FailureKind, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
-    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Stop, ControlHello, Rendezvous,
+    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, ControlHello, Rendezvous,
     Control, Stack,
 )}
 

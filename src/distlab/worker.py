@@ -39,6 +39,7 @@ from distlab.protocol import (
     RankFailure,
     RankHello,
     RankReady,
+    Regroup,
     RunCell,
     RunFunction,
     Stop,
@@ -242,8 +243,6 @@ class Rank:
         failure = None
         self.output.repair()
         try:
-            if not dist.is_initialized():  # the previous cell destroyed the group: join a fresh one
-                self._rejoin()
             if isinstance(task, (RunCell, RunFunction)) and task.trace:
                 from distlab.trace import recording
 
@@ -262,7 +261,8 @@ class Rank:
             self._show_new_figures()
         self.output.sync()
         trace = pickle.dumps(records) if records is not None else None
-        return Done(self.spec.rank, task.task, failure, value, trace, time.perf_counter() - started)
+        return Done(self.spec.rank, task.task, failure, value, trace, time.perf_counter() - started,
+                    grouped=dist.is_initialized())
 
     def _run(self, task: protocol.Task) -> bytes | None:
         if isinstance(task, RunCell):
@@ -283,6 +283,9 @@ class Rank:
             return self._result(self.namespace[task.name], tr("the value of {name!r}", name=task.name))
         if isinstance(task, Push):
             self.namespace[task.name] = cloudpickle.loads(task.payload)
+            return None
+        if isinstance(task, Regroup):
+            self._regroup(task.round)
             return None
         raise TypeError(f"unknown task {type(task).__name__}")
 
@@ -315,10 +318,14 @@ class Rank:
 
         show()
 
-    def _rejoin(self) -> None:
-        self._generation_rejoins = getattr(self, "_generation_rejoins", 0) + 1
-        store = dist.PrefixStore(f"rejoin{self._generation_rejoins}", self.store)
-        dist.init_process_group(self.spec.backend, store=store, rank=self.spec.rank, world_size=self.spec.world_size)
+    def _regroup(self, round_: int) -> None:
+        """Leave what is left of the old group and join a fresh one, with every other rank."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        store = dist.PrefixStore(f"regroup{round_}", self.store)
+        bind: dict[str, Any] = {"device_id": self.device} if self.spec.backend == "nccl" else {}
+        dist.init_process_group(self.spec.backend, store=store, rank=self.spec.rank, world_size=self.spec.world_size,
+                                **bind)
 
 
 def _make_reinit_harmless() -> None:
