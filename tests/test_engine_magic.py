@@ -191,6 +191,15 @@ def test_an_exception_fails_the_cell_with_rank_and_line(kernel: KernelSession) -
     assert reply.error is None and reply.stdout.count("next") == 4
 
 
+@pytest.mark.parametrize("line", ["%time dist.barrier()", "!ls", "dist.all_reduce?"])
+def test_ipython_syntax_on_the_ranks_fails_with_a_hint(kernel: KernelSession, line: str) -> None:
+    reply = kernel.execute(f"%%dist\nx = 1\n{line}")
+    assert reply.error is not None and f"at cell line 2: {line}" in reply.traceback
+    assert "IPython syntax: they run in the kernel, not on the ranks" in reply.traceback
+    reply = kernel.execute("%%dist\nx = (1,\n")  # a plain syntax error gets no such hint
+    assert reply.error is not None and "IPython syntax" not in reply.traceback
+
+
 def test_display_of_a_figure_shows_an_image(kernel: KernelSession) -> None:
     reply = kernel.execute(
         "%%dist --ranks 0\nimport matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\n"

@@ -135,6 +135,10 @@ ZH: dict[str, str] = {
     "was skipped and its {wanted} does not apply. Run the cell with %%dist -n N --backend B to change them.":
         "distlab：这些 rank 已经组成了进程组（{n} 个 rank，{backend}），所以这次 init_process_group 调用被跳过，"
         "其中的 {wanted} 不会生效。要改变它们，请用 %%dist -n N --backend B 运行这个单元格。",
+    "(%magics, !shell commands and ? help are IPython syntax: they run in the kernel, not on the ranks, which "
+    "run plain Python. Put them in a cell of their own.)":
+        "（%魔法命令、!shell 命令和 ? 帮助都是 IPython 语法：它们在 kernel 里运行，而各个 rank 只运行普通 Python。"
+        "请把它们放到单独的单元格里。）",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

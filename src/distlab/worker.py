@@ -378,8 +378,16 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
             lineno, line = frame.lineno, frame.line or ""
     if isinstance(exc, SyntaxError) and exc.filename == filename:
         lineno, line = exc.lineno, (exc.text or "")
+        if _looks_like_ipython(line):
+            text += tr("(%magics, !shell commands and ? help are IPython syntax: they run in the kernel, not on "
+                       "the ranks, which run plain Python. Put them in a cell of their own.)") + "\n"
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
     return RankFailure(rank, type(exc).__name__, _safe_str(exc), text, filename, lineno, line, kind=kind)
+
+
+def _looks_like_ipython(line: str) -> bool:
+    stripped = line.strip()
+    return stripped.startswith(("%", "!")) or (stripped.endswith("?") and not stripped.startswith("#"))
 
 
 def _safe_str(exc: BaseException) -> str:
