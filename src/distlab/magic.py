@@ -61,13 +61,14 @@ class Session:
         if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend) \
                 and settings_of(pool.cluster) == self.cluster:
             return pool
+        fresh = Pool(world_size, backend, sink=NotebookSink(), cluster=launch_for(self.cluster))
         if pool is not None and pool.used:  # a warm pool that ran nothing needs no announcement
             print(tr("distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
-                     "Variables on the old ranks are gone.", n=world_size, backend=backend,
-                     old=pool.world_size, old_backend=pool.requested_backend))
+                     "Variables on the old ranks are gone.", n=world_size, backend=fresh.backend,
+                     old=pool.world_size, old_backend=pool.backend))
         if pool is not None:
             pool.stop()
-        self.pool = Pool(world_size, backend, sink=NotebookSink(), cluster=launch_for(self.cluster))
+        self.pool = fresh
         return self.pool
 
     def close(self) -> None:
