@@ -292,6 +292,51 @@ def test_guard_sees_every_route_to_the_wire() -> None:
         assert "tampered with the grader's communication recorder" in (compare.comm_problem(logs[around], **rule) or "")
 
 
+def _honest_routes() -> dict[str, tuple[int, list[str]]]:
+    """On each rank: how far the C++ counters moved, and the violations, for honest communication."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from distlab.grading import guard
+
+    warnings.simplefilter("ignore")  # torch 2.13's renames: not what this test is about
+    watcher = guard.install()
+    ws, r = dist.get_world_size(), dist.get_rank()
+    pair = dist.new_group([0, 1])
+    one, many = torch.ones(1), [torch.ones(1) for _ in range(ws)]
+    routes = {
+        "reduce_scatter list": lambda: dist.reduce_scatter(torch.empty(1), many),  # gloo: ws operations
+        "monitored_barrier": lambda: dist.monitored_barrier(),  # rank 0 talks to every other rank
+        "objects": lambda: (dist.all_gather_object([None] * ws, r), dist.broadcast_object_list([r], 0)),
+        "subgroup": lambda: dist.all_reduce(torch.ones(1), group=pair) if r < 2 else None,
+        "async": lambda: dist.all_reduce(torch.ones(2), async_op=True).wait(),
+        "coalesced": lambda: dist.all_reduce_coalesced([torch.ones(1), torch.ones(2)]),
+        "p2p": lambda: [w.wait() for w in (dist.isend(one, (r + 1) % ws), dist.irecv(torch.empty(1), (r - 1) % ws))],
+        "functional": lambda: funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)),
+        "ddp": lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))(torch.ones(1, 4)).sum().backward(),
+        "a group made inside": lambda: dist.all_reduce(torch.ones(1), group=dist.new_group(list(range(ws)))),
+    }
+    seen = {}
+    for name, route in routes.items():
+        with watcher.watch() as log:
+            route()
+        seen[name] = (sum(int(e.get("seq") or 0) for e in log["ops"]), log["violations"])
+    return seen
+
+
+def test_honest_communication_balances_the_counters() -> None:
+    """The tamper check must never fire on a correct answer, however it communicates."""
+    per_rank = distlab.run(_honest_routes, world_size=4, timeout=120)
+    for rank, seen in enumerate(per_rank):
+        for name, (moved, violations) in seen.items():
+            assert violations == [], (rank, name, violations)
+        assert seen["reduce_scatter list"][0] >= 1 and seen["ddp"][0] >= 1, seen  # the counters do move
+    assert per_rank[2]["subgroup"][0] == 0 and per_rank[0]["subgroup"][0] == 1
+
+
 def test_visible_helper_passes_a_correct_function_and_explains_a_wrong_one() -> None:
     ex1.try_case(reference_all_reduce, world_size=3, shape=(2,), op="MAX", check_comm=True)
     with pytest.raises(AssertionError) as failure:
