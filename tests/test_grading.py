@@ -331,7 +331,7 @@ def test_honest_communication_balances_the_counters() -> None:
     """The tamper check must never fire on a correct answer, however it communicates."""
     per_rank = distlab.run(_honest_routes, world_size=4, timeout=120)
     for rank, seen in enumerate(per_rank):
-        for name, (moved, violations) in seen.items():
+        for name, (_moved, violations) in seen.items():
             assert violations == [], (rank, name, violations)
         assert seen["reduce_scatter list"][0] >= 1 and seen["ddp"][0] >= 1, seen  # the counters do move
     assert per_rank[2]["subgroup"][0] == 0 and per_rank[0]["subgroup"][0] == 1
