@@ -134,6 +134,28 @@ def test_after_a_cell_destroys_the_group_any_ranks_run_on_a_fresh_one(kernel: Ke
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] 4 {r * 10}" for r in range(4)]  # no restart
 
 
+def test_code_that_makes_its_own_rendezvous_runs_on_loopback(kernel: KernelSession) -> None:
+    """rpc.init_rpc and init_process_group() after a destroy make their own env:// rendezvous:
+    they get a fresh corner of the ranks' own store, and nothing listens beyond loopback."""
+    reply = kernel.execute(
+        "%%dist -n 2 --timeout 60\nimport os, warnings\nwarnings.simplefilter('ignore')\n"
+        "import torch.distributed.rpc as rpc\nrpc.init_rpc(f'worker{rank}', rank=rank, world_size=world_size)\n"
+        "me = os.getpid()")
+    assert reply.error is None, reply.traceback
+    for pid in kernel.value("%dist_pull me"):
+        addresses = listening_addresses(pid)
+        assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    reply = kernel.execute(
+        "%%dist --timeout 60\nif rank == 0:\n    print(rpc.rpc_sync('worker1', torch.add, args=(torch.ones(2), 3)).tolist())\n"
+        "rpc.shutdown()\n"
+        "for _ in range(2):\n    dist.destroy_process_group()\n    dist.init_process_group('gloo')\n"
+        "    t = torch.ones(1)\n    dist.all_reduce(t)\n    print(int(t.item()))")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == ["[rank 0] 2", "[rank 0] 2", "[rank 0] [4.0, 4.0]", "[rank 1] 2", "[rank 1] 2"]
+    reply = kernel.execute("%%dist --ranks 1\nprint(dist.get_world_size())")
+    assert reply.stdout.splitlines() == ["[rank 1] 2"]
+
+
 def test_a_script_asking_for_another_world_size_is_told_why_it_runs_on_the_pool(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist -n 4\n" + TORCHRUN_SCRIPT.format(extra=", world_size=2"))
     assert reply.error is None, reply.traceback

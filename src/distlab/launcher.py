@@ -115,10 +115,11 @@ class Launcher:
         store.bind(("127.0.0.1", 0))
         store.listen(128)
         port = store.getsockname()[1]
+        scripts_port = _free_port()
         for rank in request.ranks:
             pid = os.fork()
             if pid == 0:
-                self._become_rank(request, rank, store, port)
+                self._become_rank(request, rank, store, port, scripts_port)
             try:
                 os.setpgid(pid, pid)  # here too, so the group exists before any kill (no race with the child)
             except OSError:
@@ -126,7 +127,8 @@ class Launcher:
             self.children[pid] = (request.pool_id, request.generation, rank)
         store.close()
 
-    def _become_rank(self, request: SpawnRanks, rank: int, store: socket.socket, port: int) -> None:
+    def _become_rank(self, request: SpawnRanks, rank: int, store: socket.socket, port: int,
+                     scripts_port: int) -> None:
         code = 1
         try:
             self.conn.close()
@@ -137,7 +139,7 @@ class Launcher:
             spec = RankSpec(
                 pool_id=request.pool_id, generation=request.generation, rank=rank,
                 world_size=request.world_size, backend=request.backend,
-                hub_path=self.path, key=self.key, store_port=port,
+                hub_path=self.path, key=self.key, store_port=port, scripts_port=scripts_port,
             )
             code = rank_main(spec, store if rank == 0 else None)
             if rank != 0:
@@ -169,6 +171,18 @@ class Launcher:
             except ChildProcessError:
                 pass
         self.children.clear()
+
+
+def _free_port() -> int:
+    """A loopback port nothing listens on, for MASTER_PORT: code that makes its own rendezvous
+    (``rpc.init_rpc``, ``init_process_group`` after ``destroy_process_group``) starts its own store
+    there, which the port of the ranks' own store would refuse."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+    finally:
+        probe.close()
 
 
 def _kill_group(pid: int) -> None:

@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import datetime
 import faulthandler
+import importlib
 import linecache
 import os
 import pickle
@@ -21,6 +22,8 @@ import threading
 import time
 import traceback
 import types
+import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +62,7 @@ class RankSpec:
     hub_path: str  # a Unix socket path, or "host:port" for a rank that joined from another host
     key: bytes
     store_port: int
+    scripts_port: int = 0  # MASTER_PORT for code that makes its own rendezvous (0: store_port)
     joined: bool = False  # started by an outside launcher (srun, ...), not forked by ours
     local_rank: int = -1  # -1: the same as rank (every rank on this machine)
     local_world_size: int = 0  # 0: world_size
@@ -103,6 +107,7 @@ class Rank:
         self._stack_file = open(self._stack_path(), "a")  # noqa: SIM115 - lives as long as the rank
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
         self.in_user_code = False
+        self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
         signal.signal(signal.SIGINT, self._on_interrupt)
 
     def join(self, store_socket: socket.socket | None) -> None:
@@ -185,7 +190,7 @@ class Rank:
         os.environ.update({
             "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
+            "MASTER_PORT": str(spec.scripts_port or self.master_port),
         })
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         spec = self.spec  # the rendezvous may have changed the backend
@@ -209,6 +214,7 @@ class Rank:
         bind: dict[str, Any] = {"device_id": device} if spec.backend == "nccl" else {}  # NCCL: no guessing which GPU
         dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, **bind)
         _make_reinit_harmless()
+        self._serve_env_rendezvous(store)
         return device
 
     def _namespace(self) -> dict[str, Any]:
@@ -242,6 +248,7 @@ class Rank:
         records: list[Any] | None = None
         failure = None
         self.output.repair()
+        self._task, self._rendezvous_calls = task.task, 0
         try:
             if isinstance(task, (RunCell, RunFunction)) and task.trace:
                 from distlab.trace import recording
@@ -317,6 +324,25 @@ class Rank:
         from distlab.rank_backend import show
 
         show()
+
+    def _serve_env_rendezvous(self, store: Any) -> None:
+        """Code that makes its own rendezvous (``init_process_group()`` after destroying the group,
+        ``rpc.init_rpc``) gets a fresh corner of the ranks' own store, on loopback, instead of
+        starting a store server at MASTER_PORT on every interface. Ranks name the corner alike
+        (this task's number, the how-many-th rendezvous of the task), so no keys are stale."""
+        torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not dist.rendezvous()
+        rank_self = self
+
+        def handler(url: str, timeout: Any = None, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+            query = dict(part.split("=", 1) for part in urllib.parse.urlparse(url).query.split("&") if "=" in part)
+            rank = int(query.get("rank", os.environ["RANK"]))
+            world_size = int(query.get("world_size", os.environ["WORLD_SIZE"]))
+            rank_self._rendezvous_calls += 1
+            yield (dist.PrefixStore(f"scripts/{rank_self._task}/{rank_self._rendezvous_calls}", store), rank,
+                   world_size)
+            raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+        torch_rendezvous._rendezvous_handlers["env"] = handler
 
     def _regroup(self, round_: int) -> None:
         """Leave what is left of the old group and join a fresh one, with every other rank."""
