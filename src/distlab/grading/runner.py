@@ -177,7 +177,7 @@ class Budgets:
     cap: float = DEFAULT_PART_TIMEOUT  # no part ever runs longer than this
 
     SLACK: ClassVar[float] = 3.0
-    MIN_EXPECTED: ClassVar[float] = 0.5
+    MIN_EXPECTED: ClassVar[float] = 2.0  # a fresh set of ranks and a few cases, even on a loaded machine
     GRACE_FACTOR: ClassVar[float] = 10.0
     MIN_GRACE: ClassVar[float] = 4.0
 
