@@ -75,7 +75,7 @@ class KernelSession:
                     reply.stderr += content["text"]
             elif kind == "error":
                 reply.error = content
-            elif kind in ("display_data", "execute_result"):
+            elif kind in ("display_data", "execute_result", "update_display_data"):
                 reply.outputs.append(content)
             elif kind == "status" and content["execution_state"] == "idle":
                 break

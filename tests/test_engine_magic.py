@@ -240,6 +240,45 @@ def test_stderr_and_warnings_from_ranks_are_labelled_on_stdout(kernel: KernelSes
         assert "careful" in reply.stdout
 
 
+def test_a_progress_bar_is_one_live_line_per_rank(kernel: KernelSession) -> None:
+    """tqdm rewrites its line with "\\r": each rank gets one output updated in place, ending on
+    the finished bar, and no stream line per update (a training loop would print hundreds)."""
+    reply = kernel.execute("%%dist\nfrom tqdm import tqdm\nimport time\n"
+                           "for i in tqdm(range(30), mininterval=0.01): time.sleep(0.02)\nprint('after', rank)")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert "it/s" not in reply.stdout and "%|" not in reply.stdout
+    bars: dict[str, list[str]] = {}
+    for output in reply.outputs:
+        bars.setdefault(output["transient"]["display_id"], []).append(output["data"]["text/plain"])
+    assert len(bars) == 4, bars
+    for texts in bars.values():
+        rank = texts[0].split("]")[0] + "]"
+        assert all(text.startswith(rank) for text in texts)
+        assert "0/30" in texts[0] and "30/30" in texts[-1], texts
+        assert len(texts) > 2, "the bar did not move while the rank worked"
+    for r in range(4):
+        assert f"[rank {r}] after" in reply.stdout
+
+
+def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nname = input('your name? ')")
+    assert reply.error is not None and reply.stderr == ""
+    assert "no keyboard" in reply.traceback and "%dist_push" in reply.traceback
+    reply = kernel.execute("%%dist\ntry:\n    x = input()\nexcept EOFError:\n    x = 'default'\nprint(x)")
+    assert reply.error is None, reply.traceback  # code that expects EOF still gets an EOFError
+    assert all(f"[rank {r}] default" in reply.stdout for r in range(4))
+
+
+def test_top_level_await_runs_on_one_loop_per_rank(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nimport asyncio\nasync def twice(x):\n    await asyncio.sleep(0.01)\n"
+                           "    return 2 * x\nlater = asyncio.ensure_future(twice(rank))\nawait twice(rank)")
+    assert reply.error is None, reply.traceback
+    assert all(f"[rank {r}] {2 * r}" in reply.stdout for r in range(4))
+    reply = kernel.execute("%%dist\nprint('later', await later)")  # a task from the cell before
+    assert reply.error is None, reply.traceback
+    assert all(f"[rank {r}] later {2 * r}" in reply.stdout for r in range(4))
+
+
 def test_ten_megabytes_of_output_do_not_block_and_keep_the_end(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nfor i in range(100_000):\n    print(f'{i:>6}', 'x' * 92)\nprint('done', rank)")
     assert reply.error is None, reply.traceback

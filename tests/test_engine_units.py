@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pickle
 import socket
@@ -13,6 +15,7 @@ from distlab.backends import resolve_backend, visible_gpu_count
 from distlab.errors import BackendUnavailable, RankError, RankTimeout
 from distlab.protocol import Done, Output, RankFailure, RunCell
 from distlab.report import format_failures, parse_ranks, rank_label, stack_frames
+from distlab.sink import PrintSink
 
 
 def test_messages_round_trip() -> None:
@@ -136,3 +139,17 @@ def test_stack_frames_pick_the_main_thread_and_drop_distlab_frames() -> None:
     )
     frames = stack_frames(dump)
     assert [f[0] for f in frames] == ["<dist cell 3>", "/t/torch/distributed/distributed_c10d.py"]
+
+
+def test_carriage_returns_end_as_the_line_a_notebook_would_show() -> None:
+    """PrintSink (distlab.run, the grader) prints a rewritten line once, as it ended; "\\r\\n"
+    ends a line; a chunk boundary anywhere changes nothing."""
+    text = "before\r\n\rstep 1\rstep 2\rstep 3\nplain\nlast\rfinal"
+    for cut in range(len(text) + 1):
+        sink, out = PrintSink(), io.StringIO()
+        with contextlib.redirect_stdout(out):
+            sink.begin()
+            sink.output(0, "stderr", text[:cut])
+            sink.output(0, "stderr", text[cut:])
+            sink.end()
+        assert out.getvalue() == "[rank 0] before\n[rank 0] step 3\n[rank 0] plain\n[rank 0] final\n", cut

@@ -139,6 +139,10 @@ ZH: dict[str, str] = {
     "run plain Python. Put them in a cell of their own.)":
         "（%魔法命令、!shell 命令和 ? 帮助都是 IPython 语法：它们在 kernel 里运行，而各个 rank 只运行普通 Python。"
         "请把它们放到单独的单元格里。）",
+    "a rank has no keyboard, so input() and sys.stdin cannot read here. Read the value in a normal cell, "
+    "then copy it to the ranks with %dist_push NAME":
+        "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"
+        "再用 %dist_push NAME 把它复制到各个 rank。",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

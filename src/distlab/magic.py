@@ -7,8 +7,10 @@ call and the pool's outcome into what a learner sees.
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import sys
+import time
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -20,9 +22,10 @@ from distlab.backends import BACKENDS, resolve_backend
 from distlab.cluster import LAUNCHERS, LOCAL, Settings, launch_for, settings_of
 from distlab.errors import BackendUnavailable
 from distlab.i18n import tr
-from distlab.pool import Pool, PrintSink, traces_of
+from distlab.pool import Pool, traces_of
 from distlab.records import CallRecord
 from distlab.report import parse_ranks
+from distlab.sink import PrintSink
 
 DEFAULT_WORLD_SIZE = 4
 MAX_WORLD_SIZE = 64
@@ -30,18 +33,51 @@ DEFAULT_TIMEOUT = 60.0
 
 
 class NotebookSink(PrintSink):
-    """Like PrintSink, but rich objects from ``display()`` on a rank are shown as rich output.
+    """Like PrintSink, but rich objects from ``display()`` on a rank are shown as rich output, and
+    a progress line (a tqdm bar) is one output per rank, updated in place as the rank rewrites it.
 
     No flush per line: ipykernel sends stdout every 0.2 s and at the end of the cell, and a flush
     from here would wait for its IO thread each time.
     """
 
     flush_each = False
+    PROGRESS_EVERY = 0.1  # seconds between updates of one progress line (tqdm's own pace)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bars: dict[tuple[int, str], tuple[str, float, str]] = {}  # (rank, stream) -> id, when, text
+        self._ids = itertools.count()
+
+    def begin(self) -> None:
+        super().begin()
+        self._bars.clear()
 
     def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
-        sys.stdout.write(f"[rank {rank}] display:\n")
+        sys.stdout.write(f"{self._prefix(rank)}display:\n")
         sys.stdout.flush()
         publish_display_data(data, metadata)
+
+    def progress(self, rank: int, stream: str, text: str, final: bool) -> None:
+        key = (rank, stream)
+        now = time.monotonic()
+        bar = self._bars.get(key)
+        data = {"text/plain": f"{self._prefix(rank)}{text}"}
+        if bar is None:
+            sys.stdout.flush()  # the bar goes below the lines printed before it
+            display_id = f"distlab-{os.getpid()}-{next(self._ids)}"
+            publish_display_data(data, transient={"display_id": display_id})
+        else:
+            display_id, shown_at, shown = bar
+            if final and text == shown:
+                self._bars.pop(key)
+                return
+            if not final and now - shown_at < self.PROGRESS_EVERY:
+                return
+            publish_display_data(data, transient={"display_id": display_id}, update=True)
+        if final:
+            self._bars.pop(key, None)
+        else:
+            self._bars[key] = (display_id, now, text)
 
 
 class Session:

@@ -16,11 +16,10 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import cloudpickle
 
@@ -33,86 +32,13 @@ from distlab.i18n import tr
 from distlab.protocol import Display, Done, FailureKind, KillGeneration, Output, RankFailure, RankReady, SpawnRanks
 from distlab.records import CallRecord
 from distlab.report import format_failures, format_stacks, rank_label
+from distlab.sink import PrintSink, Sink
 
 START_TIMEOUT = 120.0
 HANG_GRACE = 1.0        # how long other ranks may keep running after one failed
 INTERRUPT_GRACE = 2.0   # how long ranks get to stop after an interrupt
 STACK_WAIT = 1.0
 EXIT_CODE_WAIT = 1.0
-SHOWN_PER_RANK = 1_000_000  # characters of output shown per rank and task as they come
-TAIL_LINES = 100  # past that, the last lines kept and shown when the task ends ...
-TAIL_CHARS = 20_000  # ... and at most this many characters of them
-
-
-class Sink(Protocol):
-    def output(self, rank: int, stream: str, text: str) -> None: ...
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None: ...
-
-
-class PrintSink:
-    """Writes every rank line to stdout as '[rank N] line' (stderr lines too: see the README).
-
-    Past ``SHOWN_PER_RANK`` characters a rank's output is no longer printed as it comes; its
-    last ``TAIL_LINES`` lines are kept and printed at the end, after a line that says how much
-    was left out, so a final result or message after a long loop still shows.
-    """
-
-    flush_each = True  # a terminal or pipe shows lines as they come
-
-    def __init__(self) -> None:
-        self.shown: dict[int, int] = {}
-        self.cut: dict[int, int] = {}
-        self.tail: dict[int, deque[str]] = {}
-        self.tail_size: dict[int, int] = {}
-
-    def begin(self) -> None:
-        self.shown.clear()
-        self.cut.clear()
-        self.tail.clear()
-        self.tail_size.clear()
-
-    def output(self, rank: int, stream: str, text: str) -> None:
-        shown = self.shown.get(rank, 0)
-        if shown < SHOWN_PER_RANK:
-            head, text = text[: SHOWN_PER_RANK - shown], text[SHOWN_PER_RANK - shown:]
-            self.shown[rank] = shown + len(head)
-            self._write(rank, head.splitlines())
-        if text:
-            self._keep_tail(rank, text)
-
-    nodes: dict[int, str] = {}  # set by a pool whose ranks run on other hosts
-
-    def _write(self, rank: int, lines: list[str]) -> None:
-        node = self.nodes.get(rank)
-        prefix = f"[rank {rank} @{node}] " if node else f"[rank {rank}] "
-        sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
-        if self.flush_each:
-            sys.stdout.flush()
-
-    def _keep_tail(self, rank: int, text: str) -> None:
-        tail = self.tail.setdefault(rank, deque())
-        size = self.tail_size.get(rank, 0)
-        for line in text.splitlines():
-            tail.append(line)
-            size += len(line) + 1
-        while len(tail) > TAIL_LINES or size > TAIL_CHARS:
-            dropped = len(tail.popleft()) + 1
-            size -= dropped
-            self.cut[rank] = self.cut.get(rank, 0) + dropped
-        self.tail_size[rank] = size
-
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
-        sys.stdout.write(f"[rank {rank}] {data.get('text/plain', '')}\n")
-
-    def end(self) -> None:
-        for rank, tail in sorted(self.tail.items()):
-            cut = self.cut.get(rank, 0)
-            if cut:
-                sys.stdout.write(f"[rank {rank}] ... {cut} more characters of output were not shown; "
-                                 f"the last {len(tail)} lines follow\n")
-            self._write(rank, list(tail))
-        if self.flush_each:
-            sys.stdout.flush()
 
 
 @dataclass

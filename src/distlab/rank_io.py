@@ -9,6 +9,7 @@ the kernel before the task's result does.
 from __future__ import annotations
 
 import base64
+import codecs
 import io
 import os
 import select
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from distlab.i18n import tr
 from distlab.protocol import Display, Output
 
 Send = Callable[[Any], None]
@@ -40,6 +42,7 @@ class _Forwarder(threading.Thread):
         self.send = send
         self.lock = threading.Lock()
         self.pending = b""
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         os.set_blocking(fd, False)
 
     def run(self) -> None:
@@ -76,10 +79,31 @@ class _Forwarder(threading.Thread):
         return open_
 
     def _emit_lines(self, final: bool) -> None:
-        cut = len(self.pending) if final or len(self.pending) > CHUNK else self.pending.rfind(b"\n") + 1
+        """Send whole lines; and the unfinished one too when a carriage return rewrote it (a
+        progress bar is shown as it moves) or it grew past a chunk."""
+        line_start = self.pending.rfind(b"\n") + 1
+        rewritten = self.pending.find(b"\r", line_start) >= 0
+        cut = len(self.pending) if final or rewritten or len(self.pending) > CHUNK else line_start
         if cut:
             data, self.pending = self.pending[:cut], self.pending[cut:]
-            self.send(Output(self.rank, self.stream, data.decode("utf-8", "replace")))  # type: ignore[arg-type]
+            text = self.decoder.decode(data, final=final)  # a character split across reads waits
+            if text:
+                self.send(Output(self.rank, self.stream, text))  # type: ignore[arg-type]
+
+
+class NoKeyboard(io.TextIOBase):
+    """A rank's stdin. Nobody can type to a rank, so reading says so instead of a bare
+    "EOF when reading a line"; it is still an EOFError, for code that catches that."""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        raise EOFError(tr("a rank has no keyboard, so input() and sys.stdin cannot read here. Read the value "
+                          "in a normal cell, then copy it to the ranks with %dist_push NAME"))
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return self.read()
 
 
 def _text(fd: int) -> io.TextIOWrapper:
@@ -103,6 +127,7 @@ class CapturedOutput:
             self.forwarders.append(forwarder)
         self.stdout, self.stderr = _text(1), _text(2)
         sys.stdout, sys.stderr = self.stdout, self.stderr
+        sys.stdin = NoKeyboard()
 
     def repair(self) -> None:
         """Put back what a previous cell closed (``os.close(1)``, ``sys.stdout.close()``,

@@ -8,10 +8,12 @@ persists for the life of the rank, like a notebook kernel's.
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
 import datetime
 import faulthandler
 import importlib
+import inspect
 import linecache
 import os
 import pickle
@@ -107,6 +109,7 @@ class Rank:
         self._stack_file = open(self._stack_path(), "a")  # noqa: SIM115 - lives as long as the rank
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
         self.in_user_code = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
         signal.signal(signal.SIGINT, self._on_interrupt)
 
@@ -309,14 +312,29 @@ class Rank:
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
-        body = compile(tree, filename, "exec")
+        body = compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        self._event_loop()
         self.in_user_code = True
-        exec(body, self.namespace)
+        self._finish(eval(body, self.namespace))  # eval, not exec: a cell with top-level await gives a coroutine
         if last is not None:
-            value = eval(compile(last, filename, "eval"), self.namespace)
+            value = self._finish(eval(compile(last, filename, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT),
+                                      self.namespace))
             if value is not None:
                 print(repr(value))
         self.in_user_code = False
+
+    def _finish(self, value: Any) -> Any:
+        """``await`` at the top of a cell works as in a notebook: on one event loop that lives as
+        long as the rank, so a task started in one cell can be awaited in the next."""
+        if not inspect.iscoroutine(value):
+            return value
+        return self._event_loop().run_until_complete(value)
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:  # the thread's current loop too, for asyncio.ensure_future() in a cell
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+        return self._loop
 
     def _show_new_figures(self) -> None:
         if "matplotlib.pyplot" not in sys.modules:
