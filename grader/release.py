@@ -42,7 +42,7 @@ def translate(nb: Any, assignment: str, lang: str) -> tuple[Any, str]:
 
     catalogue = Catalogue.load(catalogue_path(assignment, lang))
     nb = nbformat.from_dict(nb)
-    cells, problems = translate_cells(nb.cells, catalogue, relink=False)
+    cells, problems = translate_cells(nb.cells, catalogue, relink=False, comments=False)
     for cell in cells:
         info = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "markdown" and "checksum" in info:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import re
+import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,14 +83,94 @@ class Problems:
 
 def stubs(missing: Iterable[str]) -> str:
     """Catalogue entries to fill in: the English text under its key, for a translator."""
-    return "\n\n".join(f"<!-- en:{key(text)} -->\n{text.strip()}" for text in missing) + "\n"
+    unique = {key(text): text for text in missing}
+    return "\n\n".join(f"<!-- en:{k} -->\n{text.strip()}" for k, text in unique.items()) + "\n\n"
 
 
-def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = True
+# Comments that tools read, not people: nbgrader's markers, linters' and type checkers' pragmas.
+_MACHINE_COMMENT = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|YOUR CODE HERE|^#\s*(noqa|type:|pragma|fmt:)"
+                              r"|^#!")
+_LETTERS = re.compile(r"[A-Za-z]")
+
+
+@dataclass
+class _Comment:
+    first: int     # 0-based index of its first source line
+    last: int      # ... and of its last
+    column: int
+    whole_line: bool
+    english: str   # the comment text without "# ", lines joined by "\n"
+
+
+def _tokens(source: str) -> list[tokenize.TokenInfo]:
+    """Python tokens of a cell whose IPython lines (%magic, !cmd) are blanked, line numbers kept."""
+    lines = source.splitlines(keepends=True)
+    python = "".join("\n" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+    return list(tokenize.generate_tokens(io.StringIO(python).readline))
+
+
+def _comments(source: str) -> list[_Comment]:
+    """The comments people read, whole-line comments one block per run at one indent."""
+    try:
+        tokens = _tokens(source)
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return []
+    lines = source.splitlines()
+    found: list[_Comment] = []
+    for token in tokens:
+        if token.type != tokenize.COMMENT or _MACHINE_COMMENT.search(token.string) or not _LETTERS.search(token.string):
+            continue
+        row, column = token.start[0] - 1, token.start[1]
+        text = re.sub(r"^#+ ?", "", token.string).rstrip()
+        whole = not lines[row][:column].strip()
+        previous = found[-1] if found else None
+        if whole and previous and previous.whole_line and previous.last == row - 1 and previous.column == column:
+            previous.last, previous.english = row, previous.english + "\n" + text
+        else:
+            found.append(_Comment(row, row, column, whole, text))
+    return found
+
+
+def translate_comments(source: str, catalogue: Catalogue) -> tuple[str, list[str], set[str]]:
+    """``source`` with its comments translated; the English of comments without a translation;
+    the keys used."""
+    missing: list[str] = []
+    used: set[str] = set()
+    lines = source.splitlines()
+    for comment in reversed(_comments(source)):  # from the bottom, so earlier line numbers hold
+        translated = catalogue.get(comment.english)
+        if translated is None:
+            missing.append(comment.english)
+            continue
+        used.add(key(comment.english))
+        if comment.whole_line:
+            indent = lines[comment.first][:comment.column]
+            lines[comment.first:comment.last + 1] = [f"{indent}# {line}".rstrip() for line in translated.splitlines()]
+        else:
+            row = comment.first
+            lines[row] = f"{lines[row][:comment.column]}# {' '.join(translated.split())}"
+    missing.reverse()
+    return "\n".join(lines) + ("\n" if source.endswith("\n") else ""), missing, used
+
+
+def comment_texts(source: str) -> list[str]:
+    """The comments of a cell that people read (not nbgrader's markers or linters' pragmas)."""
+    return [comment.english for comment in _comments(source)]
+
+
+def without_comments(source: str) -> list[tuple[int, str]]:
+    """What a cell runs: its tokens without comments and blank lines (IPython lines verbatim)."""
+    magic = [(-1, line) for line in source.splitlines() if line.lstrip().startswith(("%", "!"))]
+    ignored = (tokenize.COMMENT, tokenize.NL)
+    return magic + [(t.type, t.string) for t in _tokens(source) if t.type not in ignored]
+
+
+def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = True, comments: bool = True
                     ) -> tuple[list[Any], Problems]:
-    """Copies of ``cells`` whose markdown is replaced by its translation; code is untouched.
+    """Copies of ``cells`` whose markdown and code comments are replaced by their translation.
 
-    ``relink`` rewrites relative links (figures/x.svg) for a notebook one folder further down.
+    ``relink`` rewrites relative links (figures/x.svg) for a notebook one folder further down;
+    ``comments`` translates the comments in code cells.
     """
     problems = Problems()
     used: set[str] = set()
@@ -102,6 +184,10 @@ def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = Tr
             else:
                 used.add(key(cell.source))
                 cell.source = _LOCAL_LINK.sub(r"](../\1)", translated) if relink else translated
+        elif cell.cell_type == "code" and comments:
+            cell.source, missing, keys = translate_comments(cell.source, catalogue)
+            problems.missing.extend(missing)
+            used |= keys
         out.append(cell)
     problems.unused = sorted(set(catalogue.entries) - used)
     return out, problems
