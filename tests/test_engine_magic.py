@@ -121,6 +121,35 @@ def test_a_script_written_for_torchrun_runs_as_a_cell_twice(kernel: KernelSessio
         assert reply.stderr == ""
 
 
+SPAWN_SCRIPT = """
+import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def demo_basic(rank, world_size, scale):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    model = DDP(torch.nn.Linear(3, 1))
+    model(torch.ones(2, 3) * (rank + 1)).sum().backward()
+    print(f"rank {{rank}} of {{dist.get_world_size()}} grad {{model.module.weight.grad.sum().item() * scale:.1f}}")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(demo_basic, args=({n}, 10), nprocs={n}, join=True)
+"""
+
+
+def test_a_script_written_for_mp_spawn_runs_its_function_on_the_ranks(kernel: KernelSession) -> None:
+    """PyTorch's DDP tutorial: mp.spawn of a function defined in the cell. A spawned child could
+    not import it; the ranks run it themselves, and DDP averages the gradients across them."""
+    reply = kernel.execute("%%dist -n 2\n" + SPAWN_SCRIPT.format(n=2))
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    lines = sorted(line for line in reply.stdout.splitlines() if "grad" in line)
+    assert lines == ["[rank 0] rank 0 of 2 grad 90.0", "[rank 1] rank 1 of 2 grad 90.0"], reply.stdout
+    assert "mp.spawn runs demo_basic(rank, ...) on this cell's 2 ranks" in reply.stdout
+    reply = kernel.execute("%%dist -n 2\n" + SPAWN_SCRIPT.format(n=4))
+    assert reply.error is not None and "%%dist -n 4" in reply.traceback and "could not import" in reply.traceback
+
+
 @pytest.mark.parametrize("destroyed_on", ["", " --ranks 0,2"])
 def test_after_a_cell_destroys_the_group_any_ranks_run_on_a_fresh_one(kernel: KernelSession, destroyed_on: str) -> None:
     kernel.execute("%%dist -n 4\nkept = rank * 10")

@@ -143,6 +143,14 @@ ZH: dict[str, str] = {
     "then copy it to the ranks with %dist_push NAME":
         "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"
         "再用 %dist_push NAME 把它复制到各个 rank。",
+    "mp.spawn({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and they could not "
+    "import {name} from the cell. Run the cell with %%dist -n {n}: mp.spawn then runs {name}(rank, ...) on the "
+    "ranks themselves.":
+        "mp.spawn({name}, nprocs={n}) 会在这个单元格的 {w} 个 rank 上各自再启动 {n} 个进程，而这些进程无法从单元格里"
+        "导入 {name}。请用 %%dist -n {n} 运行这个单元格：这样 mp.spawn 会直接在各个 rank 上运行 {name}(rank, ...)。",
+    "distlab: mp.spawn runs {name}(rank, ...) on this cell's {n} ranks, which already are the processes it would "
+    "start.":
+        "distlab：mp.spawn 在这个单元格的 {n} 个 rank 上运行 {name}(rank, ...)，因为这些 rank 本身就是它要启动的进程。",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

@@ -217,6 +217,7 @@ class Rank:
         bind: dict[str, Any] = {"device_id": device} if spec.backend == "nccl" else {}  # NCCL: no guessing which GPU
         dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, **bind)
         _make_reinit_harmless()
+        _make_spawn_run_here(spec.rank, spec.world_size)
         self._serve_env_rendezvous(store)
         return device
 
@@ -384,6 +385,45 @@ def _make_reinit_harmless() -> None:
 
     init_process_group.__doc__ = original.__doc__
     dist.init_process_group = init_process_group
+
+
+def _make_spawn_run_here(rank: int, world_size: int) -> None:
+    """Scripts written for ``mp.spawn`` (PyTorch's DDP tutorial) call ``mp.spawn(fn, args,
+    nprocs)`` with ``fn`` defined in the cell. A spawned child cannot import the cell (it dies with
+    "Can't get attribute"), and the ranks already are the processes it would start: so each rank
+    runs ``fn(rank, *args)`` itself. A function from a module, or another start method, spawns as usual."""
+    spawn_module: Any = sys.modules["torch.multiprocessing.spawn"]
+    original = spawn_module.spawn
+
+    def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+              start_method: str = "spawn") -> Any:
+        if getattr(fn, "__module__", None) != "__main__" or start_method != "spawn":
+            return original(fn, args, nprocs, join, daemon, start_method)
+        name = getattr(fn, "__name__", "fn")
+        if nprocs != world_size:
+            raise RuntimeError(tr(
+                "mp.spawn({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and "
+                "they could not import {name} from the cell. Run the cell with %%dist -n {n}: mp.spawn then "
+                "runs {name}(rank, ...) on the ranks themselves.", name=name, n=nprocs, w=world_size))
+        if rank == 0:
+            print(tr("distlab: mp.spawn runs {name}(rank, ...) on this cell's {n} ranks, which already are the "
+                     "processes it would start.", name=name, n=nprocs), file=sys.stderr)
+        fn(rank, *args)
+        return None if join else _SpawnedHere()
+
+    spawn.__doc__ = original.__doc__
+    spawn_module.spawn = spawn
+    torch.multiprocessing.spawn = spawn  # type: ignore[attr-defined]
+
+
+class _SpawnedHere:
+    """What ``mp.spawn(..., join=False)`` returns when the function already ran on the rank."""
+
+    def join(self, timeout: float | None = None) -> bool:
+        return True
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
 
 
 def _note_skipped_init(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
