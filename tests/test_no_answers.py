@@ -156,3 +156,72 @@ def test_the_committed_ring_recording_matches_the_reference() -> None:
         [(f.label, f.buffers, f.messages, f.sent, f.received) for f in fresh]
     total = sum(float(k + 10 * r) for r in range(record.RING_WORLD) for k in range(1))
     assert committed[-1].buffers[0][0] == total
+
+
+# Every route below reads or moves the secret without naming its absolute path in an open().
+SANDBOX_ROUTES = r'''
+import os, shutil, sys, tempfile
+from distlab.grading import sandbox
+
+base, secret, elsewhere = sys.argv[1], sys.argv[2], sys.argv[3]
+sandbox.install([secret])
+name = os.path.basename(secret)
+relative_up = os.path.relpath(os.path.join(secret, "answer.txt"), elsewhere)  # ../../x/secret/answer.txt
+os.symlink(secret, os.path.join(elsewhere, "link"))
+
+def read_fd(fd):
+    return os.read(fd, 100).decode().strip()
+
+attacks = {
+    "open": lambda: open(os.path.join(secret, "answer.txt")).read(),
+    "dir_fd below": lambda: read_fd(os.open(f"{name}/answer.txt", os.O_RDONLY, dir_fd=os.open(base, os.O_RDONLY))),
+    "dir_fd with ..": lambda: read_fd(os.open(relative_up, os.O_RDONLY, dir_fd=os.open(elsewhere, os.O_RDONLY))),
+    "opener": lambda: open(f"{name}/answer.txt", opener=lambda p, f: os.open(p, f, dir_fd=os.open(base, os.O_RDONLY))).read(),
+    "symlink and dir_fd": lambda: read_fd(os.open("link/answer.txt", os.O_RDONLY, dir_fd=os.open(elsewhere, os.O_RDONLY))),
+    "hard link": lambda: (os.link(os.path.join(secret, "answer.txt"), os.path.join(elsewhere, "copy")),
+                          open(os.path.join(elsewhere, "copy")).read())[1],
+    "rename the file out": lambda: (os.rename(os.path.join(secret, "answer.txt"), os.path.join(elsewhere, "moved")),
+                                    open(os.path.join(elsewhere, "moved")).read())[1],
+    "rename a folder above": lambda: (os.rename(base, base + "-moved"),
+                                      open(os.path.join(base + "-moved", name, "answer.txt")).read())[1],
+    "list": lambda: os.listdir(secret),
+    "remove": lambda: os.remove(os.path.join(secret, "answer.txt")),
+    "copy": lambda: shutil.copyfile(os.path.join(secret, "answer.txt"), os.path.join(elsewhere, "c2")),
+}
+for label, attack in attacks.items():
+    try:
+        print("LEAK" if "42" in str(attack()) else "no leak", label)
+    except PermissionError as exc:
+        print("refused", label, "|", exc)
+    except OSError as exc:
+        print("failed", label, "|", exc)
+
+# what honest code does keeps working
+with tempfile.TemporaryDirectory() as scratch:
+    os.chdir(scratch)
+    with open("notes.txt", "w") as handle:
+        handle.write("ok")
+    os.makedirs("a/b")
+    os.rename("notes.txt", "a/b/notes.txt")
+    assert open(os.open("b/notes.txt", os.O_RDONLY, dir_fd=os.open("a", os.O_RDONLY))).read() == "ok"
+    shutil.rmtree("a")
+assert name in os.listdir(base)  # a folder above may be listed
+import json, email.mime.text  # imports still work
+print("honest code ran")
+'''
+
+
+def test_the_sandbox_closes_routes_around_a_plain_open(tmp_path: Path) -> None:
+    """dir_fd, openers, links and renames reach a file without an open() of its absolute path."""
+    base, elsewhere = tmp_path / "course", tmp_path / "scratch" / "deep"
+    (base / "secret").mkdir(parents=True)
+    (base / "secret" / "answer.txt").write_text("42")
+    elsewhere.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", SANDBOX_ROUTES, str(base), str(base / "secret"), str(elsewhere)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "honest code ran"
+    attacks = lines[:-1]
+    assert len(attacks) == 11 and all(line.startswith("refused") for line in attacks), "\n".join(attacks)
+    assert (base / "secret" / "answer.txt").read_text() == "42"

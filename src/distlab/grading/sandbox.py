@@ -7,7 +7,12 @@ submission that imports or reads them would earn points it did not write. An aud
 removed from Python once added. It refuses:
 
 - opening any file under a protected directory (``open``, ``os.open``, ``io.open_code``: so
-  ``import``, ``exec(open(...))``, ``importlib`` and ``pathlib`` are covered alike);
+  ``import``, ``exec(open(...))``, ``importlib`` and ``pathlib`` are covered alike). The audit
+  event does not say which directory a relative path is relative to (``os.open(name,
+  dir_fd=fd)``, an ``opener``), so a relative path is checked against the working directory and
+  against every directory the rank holds open;
+- moving, linking, removing or listing a protected directory, its files or a directory above
+  it (``os.rename`` the answers out, ``os.link`` them elsewhere, then read the copy);
 - importing the instructor's ``grader`` package by name;
 - starting other programs (``cat solutions/...`` would read around the hook) or forking
   (a fork bomb takes the instructor's machine down, not just the rank);
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +37,13 @@ _PROGRAMS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spa
 _RAW_MEMORY = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
                          "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"})
 _SIGNALS = frozenset({"os.kill", "os.killpg"})
+# Events whose path arguments reach a protected file without opening it there: looking (inside
+# a protected directory) and changing (inside, or a directory above it: renaming /work moves
+# /work/solutions out of the hook's sight).
+_LOOK_EVENTS = frozenset({"os.listdir", "os.scandir", "os.link", "shutil.copyfile", "shutil.copymode",
+                          "shutil.copystat", "shutil.copytree"})
+_CHANGE_EVENTS = frozenset({"os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.chown",
+                            "os.utime", "os.chflags", "os.setxattr", "os.removexattr", "shutil.move", "shutil.rmtree"})
 REFUSED = "the grader does not let submissions"
 
 _installed: tuple[str, ...] | None = None
@@ -47,6 +60,46 @@ def _real(path: Any) -> str | None:
 
 def _inside(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _above(path: str, roots: tuple[str, ...]) -> bool:
+    return any(root.startswith(path.rstrip(os.sep) + os.sep) for root in roots)
+
+
+def _open_directories() -> list[str]:
+    """The directories this process holds open (Linux): a relative path may be relative to any."""
+    found: list[str] = []
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(os.sep) and os.path.isdir(target):
+            found.append(target)
+    return found
+
+
+def _resolutions(path: Any) -> list[str]:
+    """Where ``path`` may lead: itself if absolute, else from the working directory or any open directory."""
+    if isinstance(path, int):
+        return []
+    try:
+        text = os.fsdecode(path)
+    except (TypeError, ValueError):
+        return []
+    if os.path.isabs(text):
+        bases = [""]
+    else:
+        try:
+            bases = [os.getcwd()]
+        except OSError:
+            bases = []
+        bases += _open_directories()
+    return [os.path.realpath(os.path.join(base, text)) for base in bases]
 
 
 def _own(event: str, target: Any) -> bool:
@@ -77,11 +130,28 @@ def install(protected: Iterable[str]) -> None:
     roots = tuple(sorted({p for p in (_real(root) for root in protected) if p and p != os.sep}))
     _installed = roots
 
+    busy = threading.local()  # the checks list /proc/self/fd: an event of their own, not to be checked
+
     def hook(event: str, args: tuple[Any, ...]) -> None:
+        if getattr(busy, "on", False):
+            return
+        busy.on = True
+        try:
+            check(event, args)
+        finally:
+            busy.on = False
+
+    def check(event: str, args: tuple[Any, ...]) -> None:
         if event == "open" and args:
-            path = _real(args[0])
-            if path is not None and _inside(path, roots):
-                raise PermissionError(f"{REFUSED} read the instructor's files ({path})")
+            for path in _resolutions(args[0]):
+                if _inside(path, roots):
+                    raise PermissionError(f"{REFUSED} read the instructor's files ({path})")
+        elif event in _LOOK_EVENTS or event in _CHANGE_EVENTS:
+            for arg in args:
+                if isinstance(arg, (str, bytes, os.PathLike)):
+                    for path in _resolutions(arg):
+                        if _inside(path, roots) or (event in _CHANGE_EVENTS and _above(path, roots)):
+                            raise PermissionError(f"{REFUSED} touch the instructor's files ({event} {path})")
         elif event == "import" and args and str(args[0]).split(".", 1)[0] in INSTRUCTOR_PACKAGES:
             raise ImportError(f"{REFUSED} import the instructor's reference code ({args[0]})")
         elif event in _PROGRAMS:
