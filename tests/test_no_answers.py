@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from distlab import confine
 from distlab.grading.catalog import ENTRIES
 from distlab.grading.extract import solution_source
 
@@ -108,6 +109,26 @@ def test_grading_ranks_cannot_read_the_solutions() -> None:
     protected = _grade(READ_SOLUTION, (str(SOLUTIONS), str(REPO / "grader")))
     assert not any(passed for _, passed, _ in protected)
     assert "read the instructor's files" in protected[0][2]
+
+
+READ_SOLUTION_IN_CPP = f'''import json, os, torch
+
+path = {str(SOLUTIONS / "ex1_all_reduce_rs_ag" / "ex1_all_reduce_rs_ag.ipynb")!r}
+raw = torch.from_file(path, size=os.path.getsize(path), dtype=torch.uint8)  # C++ opens it: no audit event
+cells = json.loads(bytes(raw.tolist()))["cells"]
+exec("".join(next(c["source"] for c in cells if c.get("id") == "all_reduce_rs_ag")))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not confine.available(), reason="this kernel does not enforce Landlock (Linux 5.13+)")
+def test_grading_ranks_cannot_read_the_solutions_from_cpp() -> None:
+    """The audit hook only sees Python's opens; the kernel refuses C++'s too (Landlock)."""
+    unprotected = _grade(READ_SOLUTION_IN_CPP, ())
+    assert all(passed for _, passed, _ in unprotected), unprotected  # the attack works without it
+    protected = _grade(READ_SOLUTION_IN_CPP, (str(SOLUTIONS), str(REPO / "grader")))
+    assert not any(passed for _, passed, _ in protected)
+    assert "Permission denied" in protected[0][2], protected[0][2]
 
 
 @pytest.mark.slow
@@ -225,3 +246,44 @@ def test_the_sandbox_closes_routes_around_a_plain_open(tmp_path: Path) -> None:
     attacks = lines[:-1]
     assert len(attacks) == 11 and all(line.startswith("refused") for line in attacks), "\n".join(attacks)
     assert (base / "secret" / "answer.txt").read_text() == "42"
+
+
+CONFINED = r'''
+import os, sys, threading
+from distlab import confine
+
+secret, elsewhere = sys.argv[1], sys.argv[2]
+os.symlink(secret, os.path.join(elsewhere, "link"))
+assert confine.confine([secret])
+
+def attempt(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        return "refused"
+    os.close(fd)
+    return "read"
+
+results = [attempt(os.path.join(secret, "answer.txt")), attempt(os.path.join(elsewhere, "link", "answer.txt"))]
+thread = threading.Thread(target=lambda: results.append(attempt(os.path.join(secret, "answer.txt"))))
+thread.start()
+thread.join()
+results += [attempt(os.path.join(os.path.dirname(secret), "notes.txt")), attempt(os.path.join(elsewhere, "b.txt")),
+            attempt("/etc/hostname")]
+print(" ".join(results))
+'''
+
+
+@pytest.mark.skipif(not confine.available(), reason="this kernel does not enforce Landlock (Linux 5.13+)")
+def test_a_confined_process_cannot_read_the_folder_by_any_path_and_reads_the_rest(tmp_path: Path) -> None:
+    secret, elsewhere = tmp_path / "course" / "secret", tmp_path / "scratch"
+    secret.mkdir(parents=True)
+    elsewhere.mkdir()
+    (secret / "answer.txt").write_text("42")
+    (tmp_path / "course" / "notes.txt").write_text("a file next to the secret folder")
+    (elsewhere / "b.txt").write_text("elsewhere")
+    done = subprocess.run([sys.executable, "-c", CONFINED, str(secret), str(elsewhere)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    # the folder, through a link, from another thread: refused; the files around it: read
+    assert done.stdout.split() == ["refused", "refused", "refused", "read", "read", "read"]

@@ -134,6 +134,10 @@ class Launcher:
             self.conn.close()
             os.setpgid(0, 0)  # its own process group: what the rank starts ends with it (_kill_group)
             die_with_parent()
+            if request.unreadable:  # before the rank's first thread, or that thread would keep its rights
+                from distlab.confine import confine
+
+                confine(request.unreadable)
             from distlab.worker import RankSpec, rank_main
 
             spec = RankSpec(

@@ -65,6 +65,7 @@ class SpawnRanks:
     world_size: int
     backend: str
     ranks: tuple[int, ...]
+    unreadable: tuple[str, ...] = ()  # folders the ranks shut out at birth (distlab.confine)
     kind: Literal["spawn"] = "spawn"
 
 

@@ -20,6 +20,9 @@ removed from Python once added. It refuses:
 - signalling any process but the rank itself and what it started (``os.kill`` of the grader,
   which a rank finds as its launcher's parent, or of every process with ``os.kill(-1, ...)``).
 
+The hook sees Python's opens only; files C++ opens (``torch.from_file``) are kept out of reach by
+the kernel, where it can (:mod:`distlab.confine`, applied when the grading ranks are forked).
+
 It is defence in depth, not a sandbox: grade untrusted code in a container or VM as well.
 """
 

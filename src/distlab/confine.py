@@ -1,0 +1,106 @@
+"""Keep a process from reading some folders, by the kernel itself (Linux Landlock).
+
+Why: the grading sandbox's audit hook sees what Python opens, not what C++ opens
+(``torch.from_file``, ``torch.jit.load`` read files without a Python ``open``). Landlock asks the
+Linux kernel (5.13 and later, unprivileged) to refuse reading files under the protected
+folders to this process and everything it starts, for good. It must happen before the process
+starts any thread: a thread that already runs keeps its old rights. So grading ranks confine
+themselves the moment they are forked, before their first thread.
+
+Landlock allows what its rules list and refuses the rest, so the rules list everything but the
+protected folders: each entry of each folder above a protected one, except the protected folders
+and the folders on the way to them. A file created later directly in a folder above a protected
+one (say in ``/tmp`` when the course lives in ``/tmp/course``) cannot be read back; folders and
+files anywhere else are untouched. Only reading files is restricted: listing folders, writing and
+everything else are left to the audit hook. Where Landlock is missing (another OS, an older
+kernel), :func:`confine` returns False and the audit hook stands alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Iterable
+
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_READ_FILE = 1 << 2
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def available() -> bool:
+    """Whether this kernel enforces Landlock for unprivileged processes."""
+    libc = _libc()
+    return libc is not None and libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0),
+                                             ctypes.c_uint32(_CREATE_RULESET_VERSION)) >= 1
+
+
+def _ancestors(path: str) -> list[str]:
+    found: list[str] = []
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return found
+        found.append(parent)
+        path = parent
+
+
+def _inside(path: str, roots: set[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+
+def confine(protected: Iterable[str]) -> bool:
+    """From now on this process, and what it starts, cannot read files under ``protected``.
+    True when the kernel enforces it; False (nothing changed) when Landlock is unavailable."""
+    roots = {os.path.realpath(p) for p in protected if os.path.exists(p)}
+    roots.discard(os.sep)
+    libc = _libc()
+    if not roots or libc is None or not available():
+        return False
+    handled = ctypes.c_uint64(_READ_FILE)  # struct landlock_ruleset_attr, first field only
+    ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+    try:
+        above = {a for root in roots for a in _ancestors(root)}
+        for folder in sorted(above):
+            try:
+                entries = os.listdir(folder)
+            except OSError:
+                continue
+            for name in entries:
+                path = os.path.join(folder, name)
+                real = os.path.realpath(path)  # a link to a protected folder, or to one above it, is left out
+                if path in above or real in above or _inside(path, roots) or _inside(real, roots):
+                    continue
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    rule = _PathBeneath(_READ_FILE, fd)
+                    libc.syscall(_ADD_RULE, ruleset, ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule),
+                                 ctypes.c_uint32(0))
+                finally:
+                    os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return False
+        return libc.syscall(_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) == 0
+    finally:
+        os.close(ruleset)
