@@ -151,6 +151,17 @@ ZH: dict[str, str] = {
     "distlab: mp.spawn runs {name}(rank, ...) on this cell's {n} ranks, which already are the processes it would "
     "start.":
         "distlab：mp.spawn 在这个单元格的 {n} 个 rank 上运行 {name}(rank, ...)，因为这些 rank 本身就是它要启动的进程。",
+    "distlab: {n} ranks, backend {backend}, generation {generation}, restarts {restarts}":
+        "distlab：{n} 个 rank，后端 {backend}，第 {generation} 代，已重启 {restarts} 次",
+    " on {node}": "（节点 {node}）",
+    "  rank {rank}{where}: pid {pid}, {state}": "  rank {rank}{where}：进程号 {pid}，{state}",
+    "idle": "空闲",
+    "busy": "运行中",
+    "starting": "启动中",
+    "stopped": "已停止",
+    "exited ({how})": "已退出（{how}）",
+    "... {cut} more characters of output were not shown; the last {n} lines follow":
+        "……还有 {cut} 个字符的输出没有显示；下面是最后 {n} 行",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

@@ -7,7 +7,7 @@ call and the pool's outcome into what a learner sees.
 from __future__ import annotations
 
 import itertools
-import os
+import secrets
 import shlex
 import sys
 import time
@@ -47,6 +47,7 @@ class NotebookSink(PrintSink):
         super().__init__()
         self._bars: dict[tuple[int, str], tuple[str, float, str]] = {}  # (rank, stream) -> id, when, text
         self._ids = itertools.count()
+        self._run = secrets.token_hex(4)  # display ids stay unique across kernels and restarts
 
     def begin(self) -> None:
         super().begin()
@@ -64,7 +65,7 @@ class NotebookSink(PrintSink):
         data = {"text/plain": f"{self._prefix(rank)}{text}"}
         if bar is None:
             sys.stdout.flush()  # the bar goes below the lines printed before it
-            display_id = f"distlab-{os.getpid()}-{next(self._ids)}"
+            display_id = f"distlab-{self._run}-{next(self._ids)}"
             publish_display_data(data, transient={"display_id": display_id})
         else:
             display_id, shown_at, shown = bar
@@ -262,11 +263,14 @@ class DistMagics(Magics):
         if pool is None:
             print(tr("distlab: no pool (the first %%dist cell starts one)"))
             return
-        print(f"distlab: {pool.world_size} ranks, backend {pool.backend}, generation {pool.generation}, "
-              f"restarts {pool.restarts}")
+        print(tr("distlab: {n} ranks, backend {backend}, generation {generation}, restarts {restarts}",
+                 n=pool.world_size, backend=pool.backend, generation=pool.generation, restarts=pool.restarts))
         for row in pool.status():
-            where = f" on {row['node']}" if row.get("node") else ""
-            print(f"  rank {row['rank']}{where}: pid {row['pid']}, {row['state']}")
+            where = tr(" on {node}", node=row["node"]) if row.get("node") else ""
+            state = str(row["state"])
+            state = tr(state) if " " not in state else tr("exited ({how})", how=state.split("(", 1)[1].rstrip(")"))
+            print(tr("  rank {rank}{where}: pid {pid}, {state}", rank=row["rank"], where=where, pid=row["pid"],
+                     state=state))
 
     @magic_arguments()
     @argument("name", help="a variable defined on the ranks")

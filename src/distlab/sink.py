@@ -13,6 +13,8 @@ import sys
 from collections import deque
 from typing import Protocol
 
+from distlab.i18n import tr
+
 SHOWN_PER_RANK = 1_000_000  # characters of output shown per rank and task as they come
 TAIL_LINES = 100  # past that, the last lines kept and shown when the task ends ...
 TAIL_CHARS = 20_000  # ... and at most this many characters of them
@@ -104,8 +106,8 @@ class PrintSink:
         for rank, tail in sorted(self.tail.items()):
             cut = self.cut.get(rank, 0)
             if cut:
-                sys.stdout.write(f"[rank {rank}] ... {cut} more characters of output were not shown; "
-                                 f"the last {len(tail)} lines follow\n")
+                sys.stdout.write(self._prefix(rank) + tr("... {cut} more characters of output were not shown; "
+                                                         "the last {n} lines follow", cut=cut, n=len(tail)) + "\n")
             self._write(rank, list(tail))
         if self.flush_each:
             sys.stdout.flush()

@@ -47,6 +47,7 @@ _LOOK_EVENTS = frozenset({"os.listdir", "os.scandir", "os.link", "shutil.copyfil
                           "shutil.copystat", "shutil.copytree"})
 _CHANGE_EVENTS = frozenset({"os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.chown",
                             "os.utime", "os.chflags", "os.setxattr", "os.removexattr", "shutil.move", "shutil.rmtree"})
+_PATH_EVENTS = _LOOK_EVENTS | _CHANGE_EVENTS | {"open"}
 REFUSED = "the grader does not let submissions"
 
 _installed: tuple[str, ...] | None = None
@@ -135,26 +136,15 @@ def install(protected: Iterable[str]) -> None:
 
     busy = threading.local()  # the checks list /proc/self/fd: an event of their own, not to be checked
 
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        if getattr(busy, "on", False):
-            return
-        busy.on = True
-        try:
-            check(event, args)
-        finally:
-            busy.on = False
-
-    def check(event: str, args: tuple[Any, ...]) -> None:
-        if event == "open" and args:
-            for path in _resolutions(args[0]):
-                if _inside(path, roots):
-                    raise PermissionError(f"{REFUSED} read the instructor's files ({path})")
-        elif event in _LOOK_EVENTS or event in _CHANGE_EVENTS:
-            for arg in args:
-                if isinstance(arg, (str, bytes, os.PathLike)):
-                    for path in _resolutions(arg):
-                        if _inside(path, roots) or (event in _CHANGE_EVENTS and _above(path, roots)):
-                            raise PermissionError(f"{REFUSED} touch the instructor's files ({event} {path})")
+    def hook(event: str, args: tuple[Any, ...]) -> None:  # runs for every audit event: cheap tests first
+        if event in _PATH_EVENTS:
+            if getattr(busy, "on", False):
+                return
+            busy.on = True
+            try:
+                check_paths(event, args)
+            finally:
+                busy.on = False
         elif event == "import" and args and str(args[0]).split(".", 1)[0] in INSTRUCTOR_PACKAGES:
             raise ImportError(f"{REFUSED} import the instructor's reference code ({args[0]})")
         elif event in _PROGRAMS:
@@ -163,5 +153,17 @@ def install(protected: Iterable[str]) -> None:
             raise PermissionError(f"{REFUSED} use ctypes ({event})")
         elif event in _SIGNALS and args and not _own(event, args[0]):
             raise PermissionError(f"{REFUSED} signal other processes ({event} {args[0]})")
+
+    def check_paths(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open":
+            for path in _resolutions(args[0]) if args else ():
+                if _inside(path, roots):
+                    raise PermissionError(f"{REFUSED} read the instructor's files ({path})")
+            return
+        for arg in args:
+            if isinstance(arg, (str, bytes, os.PathLike)):
+                for path in _resolutions(arg):
+                    if _inside(path, roots) or (event in _CHANGE_EVENTS and _above(path, roots)):
+                        raise PermissionError(f"{REFUSED} touch the instructor's files ({event} {path})")
 
     sys.addaudithook(hook)
