@@ -306,6 +306,11 @@ def test_top_level_await_runs_on_one_loop_per_rank(kernel: KernelSession) -> Non
     reply = kernel.execute("%%dist\nprint('later', await later)")  # a task from the cell before
     assert reply.error is None, reply.traceback
     assert all(f"[rank {r}] later {2 * r}" in reply.stdout for r in range(4))
+    reply = kernel.execute("%%dist\nprint('run', asyncio.run(twice(rank)))")  # its own loop, then unset
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist\nagain = asyncio.ensure_future(twice(rank))\nprint('again', await again)")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert all(f"[rank {r}] again {2 * r}" in reply.stdout for r in range(4))
 
 
 def test_ten_megabytes_of_output_do_not_block_and_keep_the_end(kernel: KernelSession) -> None:

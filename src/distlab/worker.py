@@ -332,9 +332,9 @@ class Rank:
         return self._event_loop().run_until_complete(value)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:  # the thread's current loop too, for asyncio.ensure_future() in a cell
+        if self._loop is None:
             self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)
+        asyncio.set_event_loop(self._loop)  # again each cell: asyncio.run() in a cell unsets it when done
         return self._loop
 
     def _show_new_figures(self) -> None:
