@@ -287,3 +287,19 @@ def test_a_confined_process_cannot_read_the_folder_by_any_path_and_reads_the_res
     assert done.returncode == 0 and done.stderr == "", done.stderr
     # the folder, through a link, from another thread: refused; the files around it: read
     assert done.stdout.split() == ["refused", "refused", "refused", "read", "read", "read"]
+
+
+MEMORY_BOMB = """import torch
+def all_reduce_rs_ag(tensor, op=None, group=None):
+    hoard = torch.ones(3 << 30, dtype=torch.uint8)  # 3 GB, more than a grading rank may hold
+    return tensor
+"""
+
+
+@pytest.mark.slow
+def test_a_submission_that_hoards_memory_fails_in_its_rank_not_on_the_machine() -> None:
+    graded = _grade(MEMORY_BOMB, ())
+    assert not any(passed for _, passed, _ in graded)
+    assert "memory" in graded[0][2].lower() and "at most 2 GB" in graded[0][2], graded[0][2]
+    honest = _grade(MEMORY_BOMB.replace("3 << 30", "1 << 20"), ())  # 1 MB: the limit does not get in the way
+    assert "memory" not in " ".join(message for _, _, message in honest).lower()

@@ -1,6 +1,11 @@
-"""Keep a process from reading some folders, by the kernel itself (Linux Landlock).
+"""Confine a grading rank, by the kernel itself: folders it may not read, memory it may not take.
 
-Why: the grading sandbox's audit hook sees what Python opens, not what C++ opens
+Memory: a submission that allocates 30 GB would have the OOM killer pick a victim on the
+instructor's machine, perhaps the grader or the desktop. A grading rank gets a data limit
+(``RLIMIT_DATA``: heap and private mappings, where tensors live), so the allocation fails in the
+rank with a MemoryError, and it offers itself to the OOM killer first (``oom_score_adj``).
+
+Folders: the grading sandbox's audit hook sees what Python opens, not what C++ opens
 (``torch.from_file``, ``torch.jit.load`` read files without a Python ``open``). Landlock asks the
 Linux kernel (5.13 and later, unprivileged) to refuse reading files under the protected
 folders to this process and everything it starts, for good. It must happen before the process
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import sys
 from collections.abc import Iterable
 
@@ -104,3 +110,15 @@ def confine(protected: Iterable[str]) -> bool:
         return libc.syscall(_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) == 0
     finally:
         os.close(ruleset)
+
+
+def limit_memory(limit: int) -> None:
+    """At most ``limit`` bytes of data for this process and what it starts; it dies first under OOM."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    wanted = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (wanted, wanted if hard == resource.RLIM_INFINITY else hard))
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adjust:
+            adjust.write("1000")
+    except OSError:
+        pass  # not Linux: the limit alone

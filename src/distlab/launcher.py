@@ -134,10 +134,12 @@ class Launcher:
             self.conn.close()
             os.setpgid(0, 0)  # its own process group: what the rank starts ends with it (_kill_group)
             die_with_parent()
-            if request.unreadable:  # before the rank's first thread, or that thread would keep its rights
-                from distlab.confine import confine
+            if request.unreadable or request.memory_limit:  # before the rank's first thread
+                from distlab import confine
 
-                confine(request.unreadable)
+                confine.confine(request.unreadable)
+                if request.memory_limit:
+                    confine.limit_memory(request.memory_limit)
             from distlab.worker import RankSpec, rank_main
 
             spec = RankSpec(

@@ -55,15 +55,18 @@ class Pool:
 
     def __init__(self, world_size: int, backend: str = "auto", hub: Hub | None = None,
                  sink: Sink | None = None, eager_restart: bool = True,
-                 cluster: ClusterLaunch | None = None, unreadable: Sequence[str] = ()) -> None:
-        """``unreadable``: folders the ranks may never read files from (the grader's: see
-        :mod:`distlab.confine`); ranks forked here shut them out before their first thread."""
+                 cluster: ClusterLaunch | None = None, unreadable: Sequence[str] = (),
+                 memory_limit: int = 0) -> None:
+        """``unreadable``: folders the ranks may never read files from; ``memory_limit``: bytes of
+        data each rank may hold (0: no limit). The grader's, for ranks forked here: see
+        :mod:`distlab.confine`."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.requested_backend = backend
         self.cluster = cluster  # None: ranks forked here by the kit's launcher
         self.unreadable = tuple(unreadable)
+        self.memory_limit = memory_limit
         # on a cluster the kernel cannot count the nodes' GPUs: "auto" means gloo there
         self.backend = resolve_backend(backend, world_size) if cluster is None else (
             "nccl" if backend == "nccl" else "gloo")
@@ -96,7 +99,7 @@ class Pool:
         self._rendezvous_sent = False
         if self.cluster is None:
             self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
-                                              tuple(range(self.world_size)), self.unreadable))
+                                              tuple(range(self.world_size)), self.unreadable, self.memory_limit))
         else:
             hub = self.hub.listen_tcp(self.cluster.address())
             env = self.cluster.environment(hub, self.hub.key, self.pool_id, self.generation, self.backend,

@@ -66,6 +66,7 @@ class SpawnRanks:
     backend: str
     ranks: tuple[int, ...]
     unreadable: tuple[str, ...] = ()  # folders the ranks shut out at birth (distlab.confine)
+    memory_limit: int = 0  # bytes of data per rank, 0: no limit (distlab.confine)
     kind: Literal["spawn"] = "spawn"
 
 

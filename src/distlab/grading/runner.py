@@ -37,6 +37,7 @@ from distlab.pool import Pool
 from distlab.protocol import FailureKind, RankFailure
 
 MAX_MESSAGE = 900
+RANK_MEMORY = 2 << 30  # bytes of data a grading rank may hold: torch takes 0.26 GB, the exercises' tensors far less
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -93,7 +94,7 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
                timeout: float, reference: dict[str, Any] | None = None) -> tuple[str | None, bool]:
     """(feedback or None, False when the answer cell itself failed, so every part would)."""
     sink = _CaseSink()
-    pool = Pool(batch.world_size, "gloo", sink=sink, unreadable=submission.protected)
+    pool = Pool(batch.world_size, "gloo", sink=sink, unreadable=submission.protected, memory_limit=RANK_MEMORY)
     try:
         dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(timeout, 0.1))
     except RankTimeout as exc:
@@ -289,6 +290,8 @@ def _failures_text(failures: list[RankFailure], sink: _CaseSink, batch: Batch) -
         lines.append(f"{label}: {text}")
     if len(texts) > 3:
         lines.append(f"(and {len(texts) - 3} more)")
+    if any(word in text for text in texts for word in ("MemoryError", "Cannot allocate memory")):
+        lines.insert(0, f"out of memory: a grading rank may hold at most {RANK_MEMORY / 2**30:g} GB of data")
     return "\n".join(lines)
 
 
