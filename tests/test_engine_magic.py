@@ -37,6 +37,10 @@ def test_rank_names_exist_and_variables_persist(kernel: KernelSession) -> None:
 def test_last_expression_is_shown_per_rank(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nrank * 100")
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {r * 100}" for r in range(4)]
+    reply = kernel.execute("%%dist\nshown = rank * 100  # a comment\nshown  # ends in a comment")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {r * 100}" for r in range(4)]
+    reply = kernel.execute("%%dist\nrank * 100;  # a semicolon hides it, as in a notebook")
+    assert reply.error is None and reply.stdout == "", reply.traceback
 
 
 def test_pull_and_push(kernel: KernelSession) -> None:

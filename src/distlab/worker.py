@@ -14,6 +14,7 @@ import datetime
 import faulthandler
 import importlib
 import inspect
+import io
 import linecache
 import os
 import pickle
@@ -22,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+import tokenize
 import traceback
 import types
 import urllib.parse
@@ -88,8 +90,6 @@ def _identity(value: Any) -> Any:
 
 
 def dumps_result(value: Any) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     return buffer.getvalue()
@@ -311,7 +311,7 @@ class Rank:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         tree = ast.parse(source, filename)
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(source):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
         body = compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         self._event_loop()
@@ -467,6 +467,17 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
                        "the ranks, which run plain Python. Put them in a cell of their own.)") + "\n"
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
     return RankFailure(rank, type(exc).__name__, _safe_str(exc), text, filename, lineno, line, kind=kind)
+
+
+def _ends_with_semicolon(source: str) -> bool:
+    """``x;`` at the end of a cell shows nothing, as in a notebook (``plt.plot(...);``)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    ignored = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT)
+    meaningful = [t for t in tokens if t.type not in ignored]
+    return bool(meaningful) and meaningful[-1].string == ";"
 
 
 def _looks_like_ipython(line: str) -> bool:
