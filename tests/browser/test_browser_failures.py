@@ -72,3 +72,26 @@ def test_stop_button_interrupts_ranks_and_next_cell_runs(lab_ui, scratch_noteboo
     assert "[rank 0] alive 0" in after and "[rank 1] alive 1" in after, after
     assert [i for i, _ in nb.error_outputs()] == [1], nb.error_outputs()
     lab_ui.assert_console_clean()
+
+
+def test_a_progress_bar_is_one_line_per_rank_updated_in_place(lab_ui, scratch_notebook):
+    """tqdm redraws its line with "\\r": the learner sees one bar per rank move and end at 100%."""
+    path = scratch_notebook(
+        "progress",
+        [
+            "%load_ext distlab",
+            "%%dist -n 2\nfrom tqdm import tqdm\nimport time\n"
+            "for step in tqdm(range(40), mininterval=0.05):\n    time.sleep(0.05)\nprint('after', rank)",
+        ],
+    )
+    nb = lab_ui.open(path)
+    nb.run_cell(0)
+    nb.run_cell(1, wait=False)
+    nb.wait_output(1, "[rank 1] ")  # the bars are on screen while the ranks work
+    nb.wait_cell_done(1, timeout_ms=60_000)
+    shown = nb.output_text(1)
+    nb.screenshot("progress_bars")
+    assert shown.count("40/40") == 2 and shown.count("it/s]") == 2, shown  # one finished bar per rank
+    assert "[rank 0] after 0" in shown and "[rank 1] after 1" in shown, shown
+    assert nb.error_outputs() == [], nb.error_outputs()
+    lab_ui.assert_console_clean()
