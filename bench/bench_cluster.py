@@ -16,11 +16,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from kernel_session import KernelSession  # noqa: E402
-from slurm_cluster import LOOP_CELL, SlurmCluster, skip_reason, when_every_rank_is_looping  # noqa: E402
+from slurm_cluster import LOOP_CELL, NETWORK, SlurmCluster, skip_reason, when_every_rank_is_looping  # noqa: E402
 
 FIRST = "%%dist\nt = torch.ones(4)\ndist.all_reduce(t)\nt.sum().item()"
 LOCAL_START = "%load_ext distlab\n%dist_start -n 4 --backend gloo"
-SLURM_START = ('%load_ext distlab\n%dist_start -n 4 --launcher slurm --iface dl0 '
+SLURM_START = (f'%load_ext distlab\n%dist_start -n 4 --launcher slurm --iface {NETWORK} '
                '--srun-args "--nodes=2 --ntasks-per-node=2"')
 
 

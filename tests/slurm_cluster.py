@@ -2,7 +2,8 @@
 
 Debian's slurm-wlm and munge: munged and slurmctld run in the host's network namespace on a bridge
 address; each node's slurmd runs in its own network namespace (a veth on the bridge, named ``dl0``
-in every namespace, like the bridge itself, so one ``--iface dl0`` fits the kernel and every rank),
+on the first node, like the bridge itself, and ``dlx2`` on the second, as nodes of a real cluster
+may name one network differently: ``--iface 10.213.0.0/24`` fits the kernel and every rank),
 with its own host name and /etc/hosts (``unshare --mount --uts``). Traffic stays on what this
 module makes: the namespaces have no default route and the host forwards nothing, names resolve
 from the nodes' /etc/hosts (resolv.conf points at 127.0.0.1, where nothing answers), and the only
@@ -27,7 +28,9 @@ from pathlib import Path
 BRIDGE = "dl0"
 SUBNET = "10.213.0"
 HOST_ADDR = f"{SUBNET}.1"
+NETWORK = f"{SUBNET}.0/24"
 NODES = {"dlnode1": f"{SUBNET}.11", "dlnode2": f"{SUBNET}.12"}
+NODE_IFACES = {"dlnode1": BRIDGE, "dlnode2": "dlx2"}  # one network, two names for it
 
 
 # A cell that loops on all_reduces and leaves a file per rank once it is in the loop: faults are
@@ -100,10 +103,11 @@ class SlurmCluster:
         for i, (node, address) in enumerate(NODES.items(), start=1):
             ns, outside = f"dl-{node}", f"dlv{i}"
             _run("ip", "netns", "add", ns)
-            _run("ip", "link", "add", outside, "type", "veth", "peer", "name", BRIDGE, "netns", ns)
+            inside = NODE_IFACES[node]
+            _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
             _run("ip", "link", "set", outside, "master", BRIDGE, "up")
-            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", BRIDGE)
-            _run("ip", "-n", ns, "link", "set", BRIDGE, "up")
+            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", inside)
+            _run("ip", "-n", ns, "link", "set", inside, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
         # every address also in its IPv4-mapped IPv6 form: torch's TCPStore looks its peers up that way
         names = {HOST_ADDR: socket.gethostname(), **{a: n for n, a in NODES.items()}}
@@ -236,10 +240,10 @@ SlurmdTimeout=30
 
     def cut(self, node: str) -> None:
         """Unplug the node's cable: its link goes down, its processes keep running."""
-        _run("ip", "-n", f"dl-{node}", "link", "set", BRIDGE, "down")
+        _run("ip", "-n", f"dl-{node}", "link", "set", NODE_IFACES[node], "down")
 
     def reconnect(self, node: str) -> None:
-        _run("ip", "-n", f"dl-{node}", "link", "set", BRIDGE, "up")
+        _run("ip", "-n", f"dl-{node}", "link", "set", NODE_IFACES[node], "up")
 
     # --- down ---------------------------------------------------------------------------------
     def stop(self) -> None:

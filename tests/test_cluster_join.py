@@ -31,7 +31,7 @@ from procs import wait_gone
 
 from distlab import protocol
 from distlab.cluster import ClusterLaunch
-from distlab.errors import RankTimeout
+from distlab.errors import PoolDied, RankTimeout
 from distlab.pool import Pool
 
 WORLD = 3
@@ -72,9 +72,11 @@ class Quiet:
 
 
 @pytest.fixture
-def joined() -> Iterator[tuple[Pool, Quiet, list[subprocess.Popen[bytes]]]]:
+def joined(request: pytest.FixtureRequest) -> Iterator[tuple[Pool, Quiet, list[subprocess.Popen[bytes]]]]:
+    """Ranks that joined over the interface named as ``lo`` (or, as a parameter, as its subnet)."""
     sink = Quiet()
-    pool = Pool(WORLD, "gloo", sink=sink, cluster=ClusterLaunch("external", "lo"), eager_restart=False)
+    iface = getattr(request, "param", "lo")
+    pool = Pool(WORLD, "gloo", sink=sink, cluster=ClusterLaunch("external", iface), eager_restart=False)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         pool.start()
@@ -92,11 +94,16 @@ def joined() -> Iterator[tuple[Pool, Quiet, list[subprocess.Popen[bytes]]]]:
                 proc.wait()
 
 
+# a subnet: for clusters whose nodes name one network differently (eth0 here, ens3 there)
+@pytest.mark.parametrize("joined", ["lo", "127.0.0.0/8"], ids=["by-name", "by-subnet"], indirect=True)
 def test_joined_ranks_run_cells_and_collectives_and_say_where(joined) -> None:  # type: ignore[no-untyped-def]
     pool, sink, _ = joined
     pool.run_cell("t = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nprint(t.item(), local_rank)", "<c1>")
     host = socket.gethostname()
     assert sorted(sink.lines) == [f"[rank {r} @{host}] 6.0 {r}" for r in range(WORLD)]
+    sink.lines.clear()
+    pool.run_cell("import os\nprint(os.environ['GLOO_SOCKET_IFNAME'])", "<ifname>")  # this host's name for it
+    assert sorted(sink.lines) == [f"[rank {r} @{host}] lo" for r in range(WORLD)]
     pool.run_cell("kept = rank * 10", "<c2>")  # state stays on the ranks from cell to cell
     assert pool.pull("kept") == [0, 10, 20]
     gathered = pool.call(_all_gather_ranks)
@@ -244,6 +251,11 @@ def test_every_launcher_s_rank_variables_are_read(tmp_path: Path) -> None:
     assert join._first({"PMI_SIZE": "8"}, join._SIZE_VARS) == "8"
     assert join._first({"SLURM_NTASKS_PER_NODE": "4(x2)"}, join._LOCAL_SIZE_VARS) == "4"
     assert join.interface_address("lo") == "127.0.0.1"
+    assert join.local_interface("lo") == join.local_interface("127.0.0.0/8") == ("lo", "127.0.0.1")
+    for wrong, said in (("203.0.113.77/32", "no network interface of"), ("10.0.0.0/99", "neither an interface name"),
+                        ("nosuchif0", "no network interface nosuchif0 .* give its subnet")):
+        with pytest.raises(PoolDied, match=said):
+            join.local_interface(wrong)
     key = tmp_path / "k"
     key.write_text("ab" * 32)
     assert join.read_key({"DISTLAB_KEY_FILE": str(key)}) == bytes.fromhex("ab" * 32)

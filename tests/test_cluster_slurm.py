@@ -2,8 +2,8 @@
 
 tests/slurm_cluster.py brings up slurmctld, munged and one slurmd per node, each node in its own
 network namespace on a private bridge. A real Jupyter kernel, on the host like a login node, runs
-`%dist_start --launcher slurm --iface dl0`: srun places the ranks on both nodes and they join the
-kernel's pool over TCP. Checked: ranks report two hosts and addresses, collectives and state work,
+`%dist_start --launcher slurm --iface 10.213.0.0/24` (the nodes name that network dl0 and dlx2):
+srun places the ranks on both nodes and they join the kernel's pool over TCP. Checked: ranks report two hosts and addresses, collectives and state work,
 faults (a rank raises, a node's tasks are killed, a request SLURM refuses) fail the cell naming
 rank and node while the next cell works, and a killed kernel leaves no task on any node and no job.
 """
@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from kernel_session import KernelSession
 from procs import wait_gone
-from slurm_cluster import LOOP_CELL, NODES, SlurmCluster, skip_reason, when_every_rank_is_looping
+from slurm_cluster import LOOP_CELL, NETWORK, NODE_IFACES, NODES, SlurmCluster, skip_reason, when_every_rank_is_looping
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
-START = '%dist_start -n 4 --launcher slurm --iface dl0 --srun-args "--nodes=2 --ntasks-per-node=2"'
+START = f'%dist_start -n 4 --launcher slurm --iface {NETWORK} --srun-args "--nodes=2 --ntasks-per-node=2"'
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +80,9 @@ def _wait_no_tasks(cluster: SlurmCluster, within: float = 10.0) -> dict[str, lis
 
 def test_a_cell_runs_on_four_ranks_over_two_nodes(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport os, socket\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\n"
-                           "addr = os.popen('ip -4 -o addr show dl0').read().split()[3]\n"
-                           "print(socket.gethostname(), addr, t.item(), local_rank)")
+                           "iface = os.environ['GLOO_SOCKET_IFNAME']\n"
+                           "addr = os.popen(f'ip -4 -o addr show {iface}').read().split()[3]\n"
+                           "print(socket.gethostname(), addr, t.item(), local_rank, iface)")
     assert reply.error is None, reply.traceback
     lines = sorted(reply.stdout.splitlines())  # "[rank R @NODE] HOST ADDR 10.0 LOCAL_RANK"
     assert len(lines) == 4, lines
@@ -91,6 +92,7 @@ def test_a_cell_runs_on_four_ranks_over_two_nodes(kernel: KernelSession) -> None
     assert all(f[3] == "10.0" for f in fields)
     assert all(f[0] == f"@{f[1]}]" for f in fields), lines  # each line says which node printed it
     assert sorted(f[4] for f in fields) == ["0", "0", "1", "1"]  # local ranks from SLURM_LOCALID
+    assert {(f[1], f[5]) for f in fields} == set(NODE_IFACES.items())  # each node's own name for the network
     kernel.execute("%%dist\nkept = rank * 10")
     assert kernel.value("%dist_pull kept") == [0, 10, 20, 30]
     status = kernel.execute("%dist_status").stdout
@@ -192,7 +194,7 @@ def test_a_network_cut_mid_cell_fails_it_naming_the_node_and_the_cut_off_ranks_e
 def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(cluster: SlurmCluster) -> None:
     session = KernelSession()
     try:
-        reply = session.execute('%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface dl0 '
+        reply = session.execute(f'%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface {NETWORK} '
                                 '--srun-args "--nodes=3"', timeout=120,
                                 interrupt_on=("SLURM has not started the ranks yet", 1))
         assert re.search(r"job \d+ pending \(\w+\)", reply.stdout), reply.stdout  # with SLURM's reason
@@ -200,6 +202,23 @@ def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(clu
         _wait_no_jobs(cluster, within=10.0)
         assert _squeue(cluster) == ""  # nothing left queued
         again = session.execute(START, timeout=180)  # and the kernel can go on
+        assert again.error is None, again.traceback
+    finally:
+        session.shutdown()
+        _wait_no_jobs(cluster)
+
+
+def test_an_interface_name_one_node_lacks_is_named_with_the_node(cluster: SlurmCluster) -> None:
+    """dl0 exists on the kernel's host and on dlnode1, not on dlnode2 (it calls the network dlx2)."""
+    session = KernelSession()
+    try:
+        reply = session.execute('%load_ext distlab\n%dist_start -n 4 --launcher slurm --iface dl0 '
+                                '--srun-args "--nodes=2 --ntasks-per-node=2"', timeout=180)
+        assert reply.error is not None
+        assert "dlnode2 has no network interface dl0" in reply.traceback and "subnet" in reply.traceback, \
+            reply.traceback
+        again = session.execute(f"%dist_start -n 4 --launcher slurm --iface {NETWORK} "
+                                '--srun-args "--nodes=2 --ntasks-per-node=2"', timeout=180)
         assert again.error is None, again.traceback
     finally:
         session.shutdown()
@@ -220,7 +239,7 @@ def test_a_killed_kernel_leaves_no_task_on_any_node_and_no_job(cluster: SlurmClu
 def test_a_kernel_killed_while_its_request_is_pending_leaves_nothing_queued(cluster: SlurmCluster) -> None:
     session = KernelSession()
     try:
-        session.client.execute('%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface dl0 '
+        session.client.execute(f'%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface {NETWORK} '
                                '--srun-args "--nodes=3"')  # not waited for: it never finishes
         deadline = time.monotonic() + 60
         while not _squeue(cluster) and time.monotonic() < deadline:

@@ -66,16 +66,16 @@ class ClusterLaunch:
     """How a pool's ranks are started when they do not run next to the kernel."""
 
     launcher: str  # "slurm" or "external"
-    iface: str  # the network interface the ranks and the kernel share
+    iface: str  # the network interface the ranks and the kernel share: a name, or a subnet
     srun_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     job_name: str = ""
 
     def address(self) -> str:
         """The kernel's address on ``iface``: the only address it listens on for ranks."""
-        from distlab.join import interface_address
+        from distlab.join import local_interface
 
-        return interface_address(self.iface)
+        return local_interface(self.iface)[1]
 
     def environment(self, hub: str, key: bytes, pool_id: str, generation: int, backend: str,
                     key_dir: str) -> dict[str, str]:

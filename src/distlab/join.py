@@ -13,7 +13,8 @@ DISTLAB_KEY_FILE       a file readable only by the user holding the pool's secre
 DISTLAB_KEY            the secret itself, in the environment
 DISTLAB_POOL           the pool's id and generation, "id:generation"
 DISTLAB_BACKEND        gloo or nccl
-DISTLAB_IFACE          the network interface the ranks use (GLOO_/NCCL_SOCKET_IFNAME)
+DISTLAB_IFACE          the network interface the ranks use (GLOO_/NCCL_SOCKET_IFNAME), by name
+                       or as a subnet ("10.1.0.0/16": each host uses its interface in it)
 rank, world size       SLURM_PROCID / SLURM_NTASKS, else RANK / WORLD_SIZE (torchrun), else
                        OMPI_COMM_WORLD_RANK / _SIZE or PMI_RANK / PMI_SIZE (MPI launchers)
 local rank             SLURM_LOCALID, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID
@@ -23,6 +24,7 @@ local rank             SLURM_LOCALID, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MP
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import os
 import socket
 import struct
@@ -55,6 +57,30 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
+def local_interface(spec: str) -> tuple[str, str]:
+    """(name, IPv4 address) on this host of what ``--iface`` named: an interface ("ib0"), or a
+    subnet ("10.1.0.0/16"), for clusters whose nodes name the same network differently (eth0
+    on one, ens3 on another). Gloo needs each host's own name for it."""
+    if "/" not in spec:
+        try:
+            return spec, interface_address(spec)
+        except OSError:
+            raise PoolDied(f"--iface {spec}: {socket.gethostname()} has no network interface {spec} with an IPv4 "
+                           f"address; if the nodes name it differently, give its subnet (--iface 10.1.0.0/16)") from None
+    try:
+        network = ipaddress.ip_network(spec, strict=False)
+    except ValueError as exc:
+        raise PoolDied(f"--iface {spec}: neither an interface name nor a subnet ({exc})") from None
+    for _, name in socket.if_nameindex():
+        try:
+            address = interface_address(name)
+        except OSError:  # no IPv4 address
+            continue
+        if ipaddress.ip_address(address) in network:
+            return name, address
+    raise PoolDied(f"--iface {spec}: no network interface of {socket.gethostname()} has an address in {spec}")
+
+
 def read_key(env: dict[str, str]) -> bytes:
     path = env.get("DISTLAB_KEY_FILE")
     if path:
@@ -72,14 +98,13 @@ def main(env: dict[str, str] | None = None) -> int:
     local_rank = int(_first(env, _LOCAL_VARS, str(rank)))
     local_world = int(_first(env, _LOCAL_SIZE_VARS, "0"))
     pool_id, _, generation = env["DISTLAB_POOL"].partition(":")
-    iface = env.get("DISTLAB_IFACE", "")
-    if iface:  # the interface the user named, whatever the kernel's own environment said
+    iface, address = local_interface(env.get("DISTLAB_IFACE", ""))
+    if iface:  # the interface the user named (this host's name for it), whatever the environment said
         os.environ["GLOO_SOCKET_IFNAME"] = iface
         os.environ["NCCL_SOCKET_IFNAME"] = iface
     store = None
     store_addr = ""
     if rank == 0:  # rank 0 hosts the TCPStore, on the ranks' interface only; the OS picks the port
-        address = interface_address(iface)
         store = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         store.bind((address, 0))
         store.listen(256)

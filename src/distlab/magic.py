@@ -211,7 +211,8 @@ class DistMagics(Magics):
                    "runs once per rank: python -m distlab.join)")
     @argument("--iface", default=None,
               help="with slurm/external: the network interface the kernel listens on and the ranks use "
-                   "(e.g. ib0, eth0); only its address is listened on")
+                   "(e.g. ib0, eth0), or its subnet (e.g. 10.1.0.0/16) when nodes name it differently; "
+                   "only its address is listened on")
     @argument("--srun-args", default="", help="extra srun options, e.g. \"--nodes=2 --ntasks-per-node=4\"")
     @line_magic
     def dist_start(self, line: str) -> None:
