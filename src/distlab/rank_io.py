@@ -95,6 +95,10 @@ class NoKeyboard(io.TextIOBase):
     """A rank's stdin. Nobody can type to a rank, so reading says so instead of a bare
     "EOF when reading a line"; it is still an EOFError, for code that catches that."""
 
+    encoding = "utf-8"
+    errors = "strict"
+    name = "<stdin>"
+
     def readable(self) -> bool:
         return True
 
