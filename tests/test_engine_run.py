@@ -104,6 +104,35 @@ def test_a_hang_raises_rank_timeout_with_stacks_and_leaves_no_process() -> None:
     assert "ranks 0-1" in info.value.report
 
 
+def test_a_stopped_rank_is_reported_as_stopped_and_replaced() -> None:
+    """SIGSTOP (a stray Ctrl-Z, a debugger): the rank cannot dump its stack, so the report says
+    what the operating system says of it, and the next cell runs on fresh ranks."""
+    import os
+    import signal
+
+    from distlab.pool import Pool
+    from distlab.sink import PrintSink
+
+    class Quiet(PrintSink):
+        def _write(self, rank: int, lines: list[str]) -> None:
+            pass
+
+    pool = Pool(2, "gloo", sink=Quiet())
+    try:
+        pool.run_cell("x = 1", "<warm>")
+        stopped = pool.status()[1]["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        with pytest.raises(distlab.RankTimeout) as info:
+            pool.run_cell("t = torch.ones(1)\ndist.all_reduce(t)", "<cell>", timeout=3)
+        assert "the rank process is stopped (SIGSTOP" in info.value.report, info.value.report
+        assert "dist.all_reduce(t)" in info.value.report  # the other rank waits in the collective
+        assert wait_gone([stopped]) == []
+        done = pool.run_cell("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())", "<next>")
+        assert sorted(done) == [0, 1]
+    finally:
+        pool.stop()
+
+
 def test_run_leaves_no_rank_behind() -> None:
     hub = Hub.get()
     before = set(children(hub.launcher.pid))

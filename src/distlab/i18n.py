@@ -162,6 +162,11 @@ ZH: dict[str, str] = {
     "exited ({how})": "已退出（{how}）",
     "... {cut} more characters of output were not shown; the last {n} lines follow":
         "……还有 {cut} 个字符的输出没有显示；下面是最后 {n} 行",
+    "the rank process is stopped (SIGSTOP, Ctrl-Z or a debugger holds it)":
+        "该 rank 进程已被暂停（SIGSTOP、Ctrl-Z，或被调试器挂起）",
+    "the rank process waits in the operating system (disk or network file system I/O)":
+        "该 rank 进程正在操作系统里等待（磁盘或网络文件系统的 I/O）",
+    "the rank process has exited": "该 rank 进程已经退出",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

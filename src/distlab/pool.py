@@ -403,6 +403,9 @@ class Pool:
         for rank, path in paths.items():
             with open(path, errors="replace") as dump:
                 stacks[rank] = dump.read()
+            handle = self.handles.get(rank)
+            if not stacks[rank].strip() and handle is not None:  # no answer: say what holds the process
+                stacks[rank] = _why_silent(handle.pid)
         return stacks
 
     def _remote_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
@@ -467,6 +470,24 @@ def _still_open(conn: Connection) -> bool:
         return True
     finally:
         sock.close()
+
+
+_SILENT_STATES = {
+    "T": "the rank process is stopped (SIGSTOP, Ctrl-Z or a debugger holds it)",
+    "t": "the rank process is stopped (SIGSTOP, Ctrl-Z or a debugger holds it)",
+    "D": "the rank process waits in the operating system (disk or network file system I/O)",
+    "Z": "the rank process has exited",
+}
+
+
+def _why_silent(pid: int) -> str:
+    """What the OS says of a rank that did not dump its stack (Linux: /proc/PID/stat), or ""."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return f"({tr(_SILENT_STATES[state])})" if state in _SILENT_STATES else ""
 
 
 def _size(path: str) -> int:
