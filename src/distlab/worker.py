@@ -392,8 +392,10 @@ def _make_spawn_run_here(rank: int, world_size: int) -> None:
     nprocs)`` with ``fn`` defined in the cell. A spawned child cannot import the cell (it dies with
     "Can't get attribute"), and the ranks already are the processes it would start: so each rank
     runs ``fn(rank, *args)`` itself. A function from a module, or another start method, spawns as usual."""
-    spawn_module: Any = sys.modules["torch.multiprocessing.spawn"]
-    original = spawn_module.spawn
+    spawn_module: Any = sys.modules.get("torch.multiprocessing.spawn")
+    original = getattr(spawn_module, "spawn", None)
+    if original is None:  # another torch than the ones this was written for: leave it alone
+        return
 
     def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
               start_method: str = "spawn") -> Any:
