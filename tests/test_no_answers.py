@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -287,6 +288,12 @@ def test_a_confined_process_cannot_read_the_folder_by_any_path_and_reads_the_res
     assert done.returncode == 0 and done.stderr == "", done.stderr
     # the folder, through a link, from another thread: refused; the files around it: read
     assert done.stdout.split() == ["refused", "refused", "refused", "read", "read", "read"]
+    # a folder holding Python itself (the inbox in the home folder that holds the venv) stays readable
+    venv_holder = os.path.dirname(os.path.realpath(sys.prefix))
+    kept = subprocess.run([sys.executable, "-c", "import sys\nfrom distlab import confine\n"
+                           f"print(confine.confine([{venv_holder!r}]))\nimport tqdm\nprint('imports')"],
+                          capture_output=True, text=True, timeout=60)
+    assert kept.stdout.split() == ["False", "imports"], kept.stderr
 
 
 MEMORY_BOMB = """import torch

@@ -76,6 +76,11 @@ def confine(protected: Iterable[str]) -> bool:
     True when the kernel enforces it; False (nothing changed) when Landlock is unavailable."""
     roots = {os.path.realpath(p) for p in protected if os.path.exists(p)}
     roots.discard(os.sep)
+    # a folder that holds Python or the kit itself (the inbox's folder is the home folder, and the
+    # venv lives there) stays readable: the rank still imports from it. The audit hook still
+    # refuses Python's opens there once the submission runs.
+    needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(__file__)))}
+    roots = {root for root in roots if not any(_inside(folder, {root}) for folder in needed)}
     libc = _libc()
     if not roots or libc is None or not available():
         return False
