@@ -487,7 +487,8 @@ def _why_silent(pid: int) -> str:
             state = stat.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
-    return f"({tr(_SILENT_STATES[state])})" if state in _SILENT_STATES else ""
+    template = _SILENT_STATES.get(state)
+    return f"({tr(template)})" if template else ""
 
 
 def _size(path: str) -> int:
