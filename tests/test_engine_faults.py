@@ -113,20 +113,28 @@ def test_a_crash_during_a_collective_fails_the_cell(kernel: KernelSession) -> No
     _next_cell_works(kernel, 4)
 
 
-# a process a rank starts and leaves running, as a cell that starts a helper server would
-START_SLEEPER = ("%%dist\nimport subprocess, sys\n"
-                 "sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']).pid")
+# processes a rank starts and leaves running, as a cell that starts a helper server would: one in
+# the rank's process group, one in a session of its own, and a daemon whose parent has exited
+START_SLEEPER = """%%dist
+import subprocess, sys
+SLEEP = [sys.executable, '-c', 'import time; time.sleep(300)']
+DAEMON = ('import subprocess; print(subprocess.Popen(%r, start_new_session=True, '
+          'stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)' % SLEEP)
+sleeper = [subprocess.Popen(SLEEP).pid, subprocess.Popen(SLEEP, start_new_session=True).pid,
+           int(subprocess.run([sys.executable, '-c', DAEMON], capture_output=True, text=True).stdout)]
+"""
 
 
 def _sleepers(kernel: KernelSession) -> list[int]:
     reply = kernel.execute(START_SLEEPER)
     assert reply.error is None, reply.traceback
-    return [int(pid) for pid in kernel.value("%dist_pull sleeper")]
+    return [int(pid) for pids in kernel.value("%dist_pull sleeper") for pid in pids]
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "shutdown"])
 def test_no_rank_outlives_its_kernel(how: str) -> None:
-    """Nor anything a rank started: each rank leads its own process group, ended with it."""
+    """Nor anything a rank started: each rank leads its own process group, ended with it, and what
+    leaves the group (a new session, a daemon) comes back to the launcher, which ends it."""
     session = KernelSession()
     session.execute("%load_ext distlab")
     pids = _ready_pids(session, 4) + [session.value(LAUNCHER)] + _sleepers(session)
@@ -140,7 +148,7 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
 def test_a_restart_ends_what_the_old_ranks_started(kernel: KernelSession) -> None:
     _ready_pids(kernel, 2)
     sleepers = _sleepers(kernel)
-    assert len(sleepers) == 2 and wait_gone(sleepers, within=0.5) == sleepers  # running
+    assert len(sleepers) == 6 and wait_gone(sleepers, within=0.5) == sleepers  # running
     reply = kernel.execute("%%dist -n 3\nprint(rank)")
     assert reply.error is None, reply.traceback
     assert wait_gone(sleepers) == []

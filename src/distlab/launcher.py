@@ -37,6 +37,25 @@ def die_with_parent() -> None:
             pass
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Become the parent of every orphan below this process (Linux; no-op elsewhere).
+
+    Why: a process that a rank starts in a session of its own (``setsid``, ``start_new_session``, a
+    daemon's double fork) leaves the rank's process group, so killing that group misses it, and
+    once its parent is gone it would belong to init and outlive the kernel. With this set on the
+    launcher and on every rank, such a process stays below its rank while the rank lives and comes
+    to the launcher when the rank ends, which then ends it (``Launcher.end_adopted``).
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
 def preload() -> None:
     """Import what every rank needs, once, before any fork.
 
@@ -134,6 +153,7 @@ class Launcher:
             self.conn.close()
             os.setpgid(0, 0)  # its own process group: what the rank starts ends with it (_kill_group)
             die_with_parent()
+            adopt_orphans()  # and what leaves the group stays below the rank (see adopt_orphans)
             if request.unreadable or request.memory_limit:  # before the rank's first thread
                 from distlab import confine
 
@@ -165,6 +185,7 @@ class Launcher:
             pid, status = os.waitpid(exited.si_pid, 0)
             pool_id, generation, rank = self.children.pop(pid, ("", 0, -1))
             if rank >= 0:
+                self.end_adopted()  # what the rank started in sessions of its own came to us as it ended
                 code = os.waitstatus_to_exitcode(status)
                 protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code))
 
@@ -177,6 +198,24 @@ class Launcher:
             except ChildProcessError:
                 pass
         self.children.clear()
+        self.end_adopted()
+
+    def end_adopted(self) -> None:
+        """End the processes that came to the launcher when the rank that started them ended.
+
+        Every child of the launcher that is not a live rank is one of these (see adopt_orphans).
+        Killing one hands its own orphans to us in turn, so this repeats until none is left; each
+        is reaped, so no zombie stays.
+        """
+        for _ in range(100):  # a deadline in rounds: a fork bomb cannot keep the launcher here
+            adopted = [pid for pid in _children_of(os.getpid()) if pid not in self.children]
+            if not adopted:
+                return
+            for pid in adopted:
+                _kill_group(pid)
+            for pid in adopted:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
 
 
 def _free_port() -> int:
@@ -189,6 +228,26 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
     finally:
         probe.close()
+
+
+def _children_of(parent: int) -> list[int]:
+    """The pids whose parent is ``parent``, read from /proc (empty where there is none)."""
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended meanwhile
+        if len(fields) > 1 and int(fields[1]) == parent:
+            found.append(int(entry))
+    return found
 
 
 def _kill_group(pid: int) -> None:
@@ -204,6 +263,7 @@ def _kill_group(pid: int) -> None:
 
 
 def main() -> None:
+    adopt_orphans()
     preload()  # first: the kernel writes where to connect meanwhile (see distlab.prestart)
     line = sys.stdin.readline()
     if not line:
