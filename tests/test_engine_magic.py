@@ -302,6 +302,50 @@ def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
     assert all(f"[rank {r}] default" in reply.stdout for r in range(4))
 
 
+FORK_CELL = """%%dist
+import os, sys
+pid = os.fork()
+if pid == 0:
+    print("child of", rank)
+    if rank == 1:
+        raise ValueError("the child fails")
+    sys.exit(3)
+_, status = os.waitpid(pid, 0)
+print("parent", rank, "child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_in_a_cell_ends_there_and_the_rank_goes_on(kernel: KernelSession) -> None:
+    """A forked child runs the rest of the cell and ends, as in a script: it must not go back to
+    the rank's loop, where it would answer for its rank and read its next task."""
+    reply = kernel.execute(FORK_CELL)
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    lines = reply.stdout.splitlines()
+    for r in range(4):
+        assert f"[rank {r}] child of {r}" in lines, lines
+        assert f"[rank {r}] parent {r} child exit {1 if r == 1 else 3}" in lines, lines
+    assert "[rank 1] ValueError: the child fails" in lines, lines  # the child's traceback, as Python prints it
+    reply = kernel.execute("%%dist\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nprint('sum', t.item())")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] sum 10.0" for r in range(4)]
+    reply = kernel.execute("%%dist\nimport multiprocessing as mp\nwith mp.get_context('fork').Pool(2) as p:\n"
+                           "    print(p.map(abs, [-1, -2, -3]))")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] [1, 2, 3]" for r in range(4)]
+
+
+@pytest.mark.parametrize("line", ['x = torch.ones(2).to(f"cuda:{rank}")',
+                                  'dist.destroy_process_group()\ndist.init_process_group("nccl")'])
+def test_code_written_for_gpus_on_a_cpu_machine_gets_a_hint(kernel: KernelSession, line: str) -> None:
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    reply = kernel.execute("%%dist\n" + line)
+    assert reply.error is not None and reply.stderr == ""
+    assert 'init_process_group("gloo")' in reply.traceback and "variable device" in reply.traceback
+    reply = kernel.execute("%%dist\nprint(dist.get_backend(), device)")  # the pool goes on, on its group
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] gloo cpu" for r in range(4)], reply.traceback
+
+
 def test_top_level_await_runs_on_one_loop_per_rank(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport asyncio\nasync def twice(x):\n    await asyncio.sleep(0.01)\n"
                            "    return 2 * x\nlater = asyncio.ensure_future(twice(rank))\nawait twice(rank)")

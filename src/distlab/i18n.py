@@ -139,6 +139,12 @@ ZH: dict[str, str] = {
     "run plain Python. Put them in a cell of their own.)":
         "（%魔法命令、!shell 命令和 ? 帮助都是 IPython 语法：它们在 kernel 里运行，而各个 rank 只运行普通 Python。"
         "请把它们放到单独的单元格里。）",
+    "(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
+    "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
+    "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\".)":
+        "（这个 rank 没有可用的 GPU。为 GPU 写的代码在这里可以用 CPU 运行：用 init_process_group(\"gloo\")，"
+        "并用每个 rank 都有的变量 device（这里是 cpu；在每个 rank 各有一张 GPU 的机器上用 %%dist --backend nccl "
+        "时是 cuda:N）代替 \"cuda\"。）",
     "a rank has no keyboard, so input() and sys.stdin cannot read here. Read the value in a normal cell, "
     "then copy it to the ranks with %dist_push NAME":
         "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"

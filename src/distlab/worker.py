@@ -29,7 +29,7 @@ import types
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 import torch
@@ -98,6 +98,7 @@ def dumps_result(value: Any) -> bytes:
 class Rank:
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
+        self.pid = os.getpid()  # a cell may os.fork(): its child runs on but is not this rank
         self.conn = protocol.connect(spec.hub_path, spec.key)
         self._lock = threading.Lock()
         self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid(), spec.node, spec.store_addr,
@@ -138,6 +139,8 @@ class Rank:
         return os.path.join(os.path.dirname(spec.hub_path), f"{spec.pool_id}-{spec.generation}-{spec.rank}.stack")
 
     def send(self, message: protocol.Message) -> None:
+        if os.getpid() != self.pid:  # a forked child must not write into its rank's channel
+            return
         data = protocol.encode(message)
         with self._lock:
             self.conn.send_bytes(data)
@@ -262,12 +265,16 @@ class Rank:
             else:
                 value = self._run(task)
         except SystemExit as exc:  # scripts end with sys.exit(0): that is success, anything else is not
+            if os.getpid() != self.pid:
+                _end_forked_child(None, exc.code)
             if exc.code not in (0, None):
                 failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back as a value
             failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
         finally:
             self.in_user_code = False
+        if os.getpid() != self.pid:
+            _end_forked_child(failure)
         if failure is None and isinstance(task, RunCell):
             self._show_new_figures()
         self.output.sync()
@@ -449,6 +456,25 @@ def _note_skipped_init(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 _WORKER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
 
 
+def _end_forked_child(failure: RankFailure | None, code: object = None) -> NoReturn:
+    """A child a cell made with ``os.fork()`` ran the rest of the cell, as a script's child would.
+    It ends here, as a script's child would at the end of the script, instead of going back to the
+    rank's loop: it would answer for its rank, read its tasks and steal its output. What it printed
+    went to its rank's pipes and is shown under the rank's label."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    status = 0 if code is None else code if isinstance(code, int) else 1
+    if failure is not None:
+        os.write(2, failure.traceback.encode(errors="replace"))
+        status = 1
+    elif not isinstance(code, (int, type(None))):  # sys.exit("message") prints it, as Python does
+        os.write(2, f"{code}\n".encode(errors="replace"))
+    os._exit(status & 0xFF)
+
+
 def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailure:
     """The exception as text, with distlab's own frames removed and the cell line picked out."""
     tb = exc.__traceback__
@@ -467,8 +493,17 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
         if _looks_like_ipython(line):
             text += tr("(%magics, !shell commands and ? help are IPython syntax: they run in the kernel, not on "
                        "the ranks, which run plain Python. Put them in a cell of their own.)") + "\n"
+    if any(sign in _safe_str(exc) for sign in _NO_GPU_SIGNS):
+        text += tr("(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
+                   "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
+                   "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\".)") + "\n"
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
     return RankFailure(rank, type(exc).__name__, _safe_str(exc), text, filename, lineno, line, kind=kind)
+
+
+# what torch says when code written for GPUs meets a machine (or a build) without them
+_NO_GPU_SIGNS = ("doesn't have NCCL built in", "not compiled with CUDA enabled", "Found no NVIDIA driver",
+                 "No CUDA GPUs are available", "NCCL is only supported with GPUs", "has no attribute '_cuda_")
 
 
 def _ends_with_semicolon(source: str) -> bool:
