@@ -154,6 +154,63 @@ def test_a_script_written_for_mp_spawn_runs_its_function_on_the_ranks(kernel: Ke
     assert reply.error is not None and "%%dist -n 4" in reply.traceback and "could not import" in reply.traceback
 
 
+PROCESS_SCRIPT = """import os
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def run(rank, size):
+    tensor = torch.zeros(1)
+    if rank == 0:
+        tensor += 1
+        dist.send(tensor=tensor, dst=1)
+    else:
+        dist.recv(tensor=tensor, src=0)
+    print('Rank ', rank, ' has data ', tensor[0].item())
+
+def init_process(rank, size, fn, backend='gloo'):
+    os.environ['MASTER_ADDR'] = '127.0.0.1'
+    os.environ['MASTER_PORT'] = '29500'
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    fn(rank, size)
+
+if __name__ == "__main__":
+    world_size = {n}
+    processes = []
+    mp.set_start_method("spawn")
+    for rank in range(world_size):
+        p = mp.Process(target=init_process, args=(rank, world_size, run))
+        p.start()
+        processes.append(p)
+    for p in processes:
+        p.join()
+        assert p.exitcode == 0
+"""
+
+
+def test_the_tutorial_that_starts_its_ranks_with_mp_process_runs_on_the_ranks(kernel: KernelSession) -> None:
+    """"Writing Distributed Applications with PyTorch", as published: it sets the spawn start
+    method and starts one mp.Process per rank. Each rank runs its own share, twice in a row, and
+    hears that the loop left ``rank`` at 1 on rank 0."""
+    replies = [kernel.execute("%%dist -n 2\n" + PROCESS_SCRIPT.format(n=2)) for _ in range(2)]
+    for reply in replies:
+        assert reply.error is None and reply.stderr == "", reply.traceback
+        lines = reply.stdout.splitlines()
+        assert "[rank 0] Rank  0  has data  1.0" in lines and "[rank 1] Rank  1  has data  1.0" in lines, lines
+        assert "mp.Process runs init_process(rank, ...) on this cell's 2 ranks" in reply.stdout
+    assert "[rank 0] distlab: this cell set rank = 1 on rank 0" in replies[0].stdout
+    assert "[rank 1] distlab: this cell set" not in replies[0].stdout  # there rank is still 1
+    reply = kernel.execute("%%dist -n 2\nrank = dist.get_rank()\nprint('fixed', rank)")
+    assert sorted(reply.stdout.splitlines()) == ["[rank 0] fixed 0", "[rank 1] fixed 1"], reply.stdout
+    reply = kernel.execute("%%dist -n 2\n" + PROCESS_SCRIPT.format(n=4))
+    assert reply.error is not None and "%%dist -n 4" in reply.traceback, reply.traceback
+    reply = kernel.execute("%%dist -n 2\nimport multiprocessing as mp\ndef work(q):\n    pass\n"
+                           "mp.get_context('spawn').Process(target=work, args=('q',)).start()")
+    assert reply.error is not None and "cannot import work from the cell" in reply.traceback, reply.traceback
+    reply = kernel.execute("%%dist -n 2\nimport multiprocessing as mp\nmp.set_start_method('fork')")
+    assert reply.error is not None and "context has already been set" in reply.traceback  # a change still fails
+
+
 @pytest.mark.parametrize("destroyed_on", ["", " --ranks 0,2"])
 def test_after_a_cell_destroys_the_group_any_ranks_run_on_a_fresh_one(kernel: KernelSession, destroyed_on: str) -> None:
     kernel.execute("%%dist -n 4\nkept = rank * 10")

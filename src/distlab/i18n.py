@@ -145,6 +145,23 @@ ZH: dict[str, str] = {
         "（这个 rank 没有可用的 GPU。为 GPU 写的代码在这里可以用 CPU 运行：用 init_process_group(\"gloo\")，"
         "并用每个 rank 都有的变量 device（这里是 cpu；在每个 rank 各有一张 GPU 的机器上用 %%dist --backend nccl "
         "时是 cuda:N）代替 \"cuda\"。）",
+    "mp.Process(target={name}) would start a new Python ({method}), which cannot import {name} from "
+    "the cell. Put {name} in a .py file and import it, or, for one process per rank, pass "
+    "args=(rank, world_size, ...): the ranks then run it themselves.":
+        "mp.Process(target={name}) 会启动一个新的 Python（{method}），而它无法从单元格里导入 {name}。"
+        "请把 {name} 放进一个 .py 文件再导入；如果是每个 rank 一个进程，就传入 args=(rank, world_size, ...)："
+        "这样各个 rank 会自己运行它。",
+    "mp.Process({name}, args=({r}, {n}, ...)) starts rank {r} of {n}, and this cell has {w} ranks. "
+    "Run the cell with %%dist -n {n}: each rank then runs {name} itself.":
+        "mp.Process({name}, args=({r}, {n}, ...)) 要启动 {n} 个 rank 中的第 {r} 个，而这个单元格有 {w} 个 rank。"
+        "请用 %%dist -n {n} 运行这个单元格：这样每个 rank 会自己运行 {name}。",
+    "distlab: mp.Process runs {name}(rank, ...) on this cell's {n} ranks, which already are the "
+    "processes it would start.":
+        "distlab：mp.Process 在这个单元格的 {n} 个 rank 上运行 {name}(rank, ...)，因为这些 rank 本身就是它要启动的进程。",
+    "distlab: this cell set {name} = {value} on rank {rank}, and later cells see that value. "
+    "dist.get_rank() and dist.get_world_size() always tell the truth.":
+        "distlab：这个单元格在 rank {rank} 上把 {name} 设成了 {value}，之后的单元格看到的都是这个值。"
+        "dist.get_rank() 和 dist.get_world_size() 总是给出真实的值。",
     "a rank has no keyboard, so input() and sys.stdin cannot read here. Read the value in a normal cell, "
     "then copy it to the ranks with %dist_push NAME":
         "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"

@@ -18,6 +18,7 @@ import io
 import linecache
 import os
 import pickle
+import reprlib
 import signal
 import socket
 import sys
@@ -35,7 +36,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import codeship, protocol, rank_io
+from distlab import codeship, protocol, rank_io, scripts
 from distlab.errors import SubmissionFailed, TransferFailed
 from distlab.i18n import tr
 from distlab.protocol import (
@@ -112,6 +113,7 @@ class Rank:
         self.in_user_code = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
+        self._rebound: dict[str, str] = {}  # the names given to every rank that a cell rebound, as last said
         signal.signal(signal.SIGINT, self._on_interrupt)
 
     def join(self, store_socket: socket.socket | None) -> None:
@@ -219,8 +221,7 @@ class Rank:
         self.store = store
         bind: dict[str, Any] = {"device_id": device} if spec.backend == "nccl" else {}  # NCCL: no guessing which GPU
         dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, **bind)
-        _make_reinit_harmless()
-        _make_spawn_run_here(spec.rank, spec.world_size)
+        scripts.install(spec.rank, spec.world_size)
         self._serve_env_rendezvous(store)
         return device
 
@@ -275,12 +276,32 @@ class Rank:
             self.in_user_code = False
         if os.getpid() != self.pid:
             _end_forked_child(failure)
+        if isinstance(task, RunCell):
+            self._note_rebound_names()
         if failure is None and isinstance(task, RunCell):
             self._show_new_figures()
         self.output.sync()
         trace = pickle.dumps(records) if records is not None else None
         return Done(self.spec.rank, task.task, failure, value, trace, time.perf_counter() - started,
                     grouped=dist.is_initialized())
+
+    def _note_rebound_names(self) -> None:
+        """Scripts name their loop variable ``rank`` (``for rank in range(size): ...``): after such a
+        cell ``rank`` is ``size - 1`` on every rank, and every later cell that reads it is wrong
+        without a word. Say so once, where the name no longer holds the truth."""
+        for name, truth in (("rank", self.spec.rank), ("world_size", self.spec.world_size)):
+            if name not in self.namespace:
+                continue
+            value = self.namespace[name]
+            if type(value) is int and value == truth:
+                self._rebound.pop(name, None)
+                continue
+            shown = reprlib.repr(value)
+            if self._rebound.get(name) != shown:
+                self._rebound[name] = shown
+                print(tr("distlab: this cell set {name} = {value} on rank {rank}, and later cells see that value. "
+                         "dist.get_rank() and dist.get_world_size() always tell the truth.",
+                         name=name, value=shown, rank=self.spec.rank), file=sys.stderr)
 
     def _run(self, task: protocol.Task) -> bytes | None:
         if isinstance(task, RunCell):
@@ -380,80 +401,7 @@ class Rank:
                                 **bind)
 
 
-def _make_reinit_harmless() -> None:
-    """Code written for torchrun calls init_process_group itself; the group already exists, so skip it."""
-    original = dist.init_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        if dist.is_initialized():
-            _note_skipped_init(args, kwargs)
-            return None
-        return original(*args, **kwargs)
-
-    init_process_group.__doc__ = original.__doc__
-    dist.init_process_group = init_process_group
-
-
-def _make_spawn_run_here(rank: int, world_size: int) -> None:
-    """Scripts written for ``mp.spawn`` (PyTorch's DDP tutorial) call ``mp.spawn(fn, args,
-    nprocs)`` with ``fn`` defined in the cell. A spawned child cannot import the cell (it dies with
-    "Can't get attribute"), and the ranks already are the processes it would start: so each rank
-    runs ``fn(rank, *args)`` itself. A function from a module, or another start method, spawns as usual."""
-    spawn_module: Any = sys.modules.get("torch.multiprocessing.spawn")
-    original = getattr(spawn_module, "spawn", None)
-    if original is None:  # another torch than the ones this was written for: leave it alone
-        return
-
-    def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
-              start_method: str = "spawn") -> Any:
-        if getattr(fn, "__module__", None) != "__main__" or start_method != "spawn":
-            return original(fn, args, nprocs, join, daemon, start_method)
-        name = getattr(fn, "__name__", "fn")
-        if nprocs != world_size:
-            raise RuntimeError(tr(
-                "mp.spawn({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and "
-                "they could not import {name} from the cell. Run the cell with %%dist -n {n}: mp.spawn then "
-                "runs {name}(rank, ...) on the ranks themselves.", name=name, n=nprocs, w=world_size))
-        if rank == 0:
-            print(tr("distlab: mp.spawn runs {name}(rank, ...) on this cell's {n} ranks, which already are the "
-                     "processes it would start.", name=name, n=nprocs), file=sys.stderr)
-        fn(rank, *args)
-        return None if join else _SpawnedHere()
-
-    spawn.__doc__ = original.__doc__
-    spawn_module.spawn = spawn
-    torch.multiprocessing.spawn = spawn  # type: ignore[attr-defined]
-
-
-class _SpawnedHere:
-    """What ``mp.spawn(..., join=False)`` returns when the function already ran on the rank."""
-
-    def join(self, timeout: float | None = None) -> bool:
-        return True
-
-    def pids(self) -> list[int]:
-        return [os.getpid()]
-
-
-def _note_skipped_init(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Say so when the skipped call asked for another world size or backend than the pool has,
-    because the cell will run with the pool's, not the script's."""
-    backend = kwargs.get("backend", args[0] if args else None)
-    world_size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
-    actual_size, actual_backend = dist.get_world_size(), str(dist.get_backend())
-    wanted = []
-    if isinstance(world_size, int) and world_size > 0 and world_size != actual_size:
-        wanted.append(f"world_size={world_size}")
-    if isinstance(backend, str) and backend and backend.lower() not in actual_backend.lower():
-        wanted.append(f"backend={backend!r}")
-    if wanted and dist.get_rank() == 0:
-        print(tr("distlab: the ranks already form a process group ({n} ranks, {backend}), so this init_process_group call "
-                 "was skipped and its {wanted} does not apply. Run the cell with %%dist -n N --backend B to change them.",
-                 n=actual_size, backend=actual_backend,
-                 wanted=", ".join(wanted)), file=sys.stderr)
-
-
-_WORKER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
+_WORKER_FILES = {__file__, scripts.__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
 
 
 def _end_forked_child(failure: RankFailure | None, code: object = None) -> NoReturn:
