@@ -153,13 +153,18 @@ class CapturedOutput:
 
     def sync(self) -> None:
         """Return once everything written so far has been sent to the kernel."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):  # closed, or replaced by None or a stub
-                pass
+        flush_standard_streams()
         for forwarder in self.forwarders:
             forwarder.flush()
+
+
+def flush_standard_streams() -> None:
+    """Push what ``sys.stdout`` and ``sys.stderr`` hold into fds 1 and 2, whatever a cell made of them."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed, or replaced by None or a stub
+            pass
 
 
 def mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:

@@ -99,7 +99,7 @@ def dumps_result(value: Any) -> bytes:
 class Rank:
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
-        self.pid = os.getpid()  # a cell may os.fork(): its child runs on but is not this rank
+        self.pid = os.getpid()  # see _in_forked_child
         self.conn = protocol.connect(spec.hub_path, spec.key)
         self._lock = threading.Lock()
         self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid(), spec.node, spec.store_addr,
@@ -140,8 +140,13 @@ class Rank:
             return os.path.join(tempfile.gettempdir(), f"distlab-{os.getpid()}.stack")
         return os.path.join(os.path.dirname(spec.hub_path), f"{spec.pool_id}-{spec.generation}-{spec.rank}.stack")
 
+    def _in_forked_child(self) -> bool:
+        """True in a child a cell made with ``os.fork()``: it runs on, but is not this rank
+        (see _end_forked_child). Asked of the OS, so a fork from C counts too."""
+        return os.getpid() != self.pid
+
     def send(self, message: protocol.Message) -> None:
-        if os.getpid() != self.pid:  # a forked child must not write into its rank's channel
+        if self._in_forked_child():  # a forked child must not write into its rank's channel
             return
         data = protocol.encode(message)
         with self._lock:
@@ -266,7 +271,7 @@ class Rank:
             else:
                 value = self._run(task)
         except SystemExit as exc:  # scripts end with sys.exit(0): that is success, anything else is not
-            if os.getpid() != self.pid:
+            if self._in_forked_child():
                 _end_forked_child(None, exc.code)
             if exc.code not in (0, None):
                 failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
@@ -274,12 +279,12 @@ class Rank:
             failure = describe_failure(self.spec.rank, exc, getattr(task, "filename", ""))
         finally:
             self.in_user_code = False
-        if os.getpid() != self.pid:
+        if self._in_forked_child():
             _end_forked_child(failure)
         if isinstance(task, RunCell):
             self._note_rebound_names()
-        if failure is None and isinstance(task, RunCell):
-            self._show_new_figures()
+            if failure is None:
+                self._show_new_figures()
         self.output.sync()
         trace = pickle.dumps(records) if records is not None else None
         return Done(self.spec.rank, task.task, failure, value, trace, time.perf_counter() - started,
@@ -409,18 +414,14 @@ def _end_forked_child(failure: RankFailure | None, code: object = None) -> NoRet
     It ends here, as a script's child would at the end of the script, instead of going back to the
     rank's loop: it would answer for its rank, read its tasks and steal its output. What it printed
     went to its rank's pipes and is shown under the rank's label."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    status = 0 if code is None else code if isinstance(code, int) else 1
+    rank_io.flush_standard_streams()
     if failure is not None:
         os.write(2, failure.traceback.encode(errors="replace"))
-        status = 1
-    elif not isinstance(code, (int, type(None))):  # sys.exit("message") prints it, as Python does
-        os.write(2, f"{code}\n".encode(errors="replace"))
-    os._exit(status & 0xFF)
+        os._exit(1)
+    if code is None or isinstance(code, int):
+        os._exit((code or 0) & 0xFF)
+    os.write(2, f"{code}\n".encode(errors="replace"))  # sys.exit("message") prints it, as Python does
+    os._exit(1)
 
 
 def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailure:
