@@ -403,6 +403,20 @@ def test_code_written_for_gpus_on_a_cpu_machine_gets_a_hint(kernel: KernelSessio
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] gloo cpu" for r in range(4)], reply.traceback
 
 
+def test_a_cell_that_lowered_the_open_file_limit_is_named_when_a_later_one_fails(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nimport os, resource\n_old_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+                           "resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir('/proc/self/fd')) + 3, "
+                           "_old_nofile[1]))")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist\n_files = [open(os.devnull) for _ in range(50)]")
+    assert reply.error is not None and reply.stderr == ""
+    assert "Too many open files" in reply.traceback
+    assert "RLIMIT_NOFILE" in reply.traceback and "%dist_restart" in reply.traceback
+    reply = kernel.execute("%%dist\nresource.setrlimit(resource.RLIMIT_NOFILE, _old_nofile)\n"
+                           "t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] 4.0" for r in range(4)], reply.traceback
+
+
 def test_top_level_await_runs_on_one_loop_per_rank(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport asyncio\nasync def twice(x):\n    await asyncio.sleep(0.01)\n"
                            "    return 2 * x\nlater = asyncio.ensure_future(twice(rank))\nawait twice(rank)")

@@ -145,6 +145,13 @@ ZH: dict[str, str] = {
         "（这个 rank 没有可用的 GPU。为 GPU 写的代码在这里可以用 CPU 运行：用 init_process_group(\"gloo\")，"
         "并用每个 rank 都有的变量 device（这里是 cpu；在每个 rank 各有一张 GPU 的机器上用 %%dist --backend nccl "
         "时是 cuda:N）代替 \"cuda\"。）",
+    "(This rank may hold at most {limit} open files (RLIMIT_NOFILE), and the ranks live on from cell "
+    "to cell: a cell that lowered that limit, or left files or sockets open, makes later cells fail "
+    "here. Close what you opened, raise the limit with resource.setrlimit, or run %dist_restart for "
+    "fresh ranks.)":
+        "（这个 rank 最多只能同时打开 {limit} 个文件（RLIMIT_NOFILE），而 rank 会从一个单元格活到下一个单元格："
+        "某个单元格调低了这个上限，或者留下了没关闭的文件或套接字，之后的单元格就会在这里失败。"
+        "请关闭你打开的东西，用 resource.setrlimit 调高上限，或者运行 %dist_restart 换一批新的 rank。）",
     "mp.Process(target={name}) would start a new Python ({method}), which cannot import {name} from "
     "the cell. Put {name} in a .py file and import it, or, for one process per rank, pass "
     "args=(rank, world_size, ...): the ranks then run it themselves.":

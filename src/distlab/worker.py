@@ -19,6 +19,7 @@ import linecache
 import os
 import pickle
 import reprlib
+import resource
 import signal
 import socket
 import sys
@@ -446,8 +447,20 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
         text += tr("(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
                    "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
                    "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\".)") + "\n"
+    if "Too many open files" in _safe_str(exc):
+        text += _open_files_hint()
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
     return RankFailure(rank, type(exc).__name__, _safe_str(exc), text, filename, lineno, line, kind=kind)
+
+
+def _open_files_hint() -> str:
+    """A rank lives on from cell to cell, so a limit a cell lowered (or files it left open) makes
+    every later cell fail with EMFILE, far from the line that caused it: say where to look."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return tr("(This rank may hold at most {limit} open files (RLIMIT_NOFILE), and the ranks live on from cell "
+              "to cell: a cell that lowered that limit, or left files or sockets open, makes later cells fail "
+              "here. Close what you opened, raise the limit with resource.setrlimit, or run %dist_restart for "
+              "fresh ranks.)").format(limit=soft) + "\n"
 
 
 # what torch says when code written for GPUs meets a machine (or a build) without them
