@@ -403,6 +403,13 @@ def test_code_written_for_gpus_on_a_cpu_machine_gets_a_hint(kernel: KernelSessio
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] gloo cpu" for r in range(4)], reply.traceback
 
 
+def test_names_a_cell_deleted_are_back_in_the_next(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\ndel rank, world_size, device, dist")
+    assert reply.error is None, reply.traceback
+    reply = kernel.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(rank, world_size, device, t.item())")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {r} 4 cpu 4.0" for r in range(4)], reply.traceback
+
+
 def test_a_cell_that_lowered_the_open_file_limit_is_named_when_a_later_one_fails(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport os, resource\n_old_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
                            "resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir('/proc/self/fd')) + 3, "

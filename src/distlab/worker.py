@@ -114,6 +114,7 @@ class Rank:
         self.in_user_code = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
+        self._given: dict[str, Any] = {}  # the names every rank starts with (set when it joins)
         self._rebound: dict[str, str] = {}  # the names given to every rank that a cell rebound, as last said
         signal.signal(signal.SIGINT, self._on_interrupt)
 
@@ -235,14 +236,21 @@ class Rank:
         module = types.ModuleType("__main__")
         sys.modules["__main__"] = module  # classes defined in cells pickle by reference to it
         namespace = module.__dict__
-        namespace.update({
+        self._given = {
             "rank": self.spec.rank, "world_size": self.spec.world_size,
             "local_rank": self.spec.rank if self.spec.local_rank < 0 else self.spec.local_rank,
             "device": self.device, "torch": torch, "dist": dist,
             "display": make_display(self.spec.rank, self.send, self.output),
-        })
-        rank_io.current_display = namespace["display"]
+        }
+        namespace.update(self._given)
+        rank_io.current_display = self._given["display"]
         return namespace
+
+    def _restore_deleted_names(self) -> None:
+        """``del rank`` (or a clean-up loop over ``globals()``) would leave every later cell without
+        the names the kit promises; a name a cell deleted is back, with its true value, in the next."""
+        for name, value in self._given.items():
+            self.namespace.setdefault(name, value)
 
     # --- the loop -----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -311,6 +319,7 @@ class Rank:
 
     def _run(self, task: protocol.Task) -> bytes | None:
         if isinstance(task, RunCell):
+            self._restore_deleted_names()
             self._run_cell(task.source, task.filename)
             return None
         if isinstance(task, (RunFunction, Push)):
