@@ -260,6 +260,17 @@ def test_ranks_option_runs_only_the_listed_ranks(kernel: KernelSession) -> None:
     assert sorted(reply.stdout.splitlines()) == ["[rank 0] here", "[rank 2] here"]
 
 
+def test_a_collective_on_some_ranks_says_the_others_do_not_run_the_cell(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist --ranks 0 --timeout 2\nt = torch.ones(1)\ndist.all_reduce(t)")
+    assert reply.error is not None and reply.error["ename"] == "RankTimeout" and reply.stderr == ""
+    assert "Only rank 0 ran this cell (--ranks)" in reply.traceback and "ranks 1-3" in reply.traceback
+    assert "dist.new_group" in reply.traceback
+    reply = kernel.execute("%%dist --ranks 0 --timeout 2\nimport time\ntime.sleep(5)")  # no collective: no hint
+    assert reply.error is not None and "--ranks)" not in reply.traceback
+    reply = kernel.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] 4.0" for r in range(4)], reply.traceback
+
+
 @pytest.mark.parametrize("line", ["-n 0", "-n abc", "--backend foo", "--ranks 9", "--ranks x", "--timeout -1",
                                   "--bogus"])
 def test_bad_options_give_one_usage_line_and_leave_the_pool_alone(kernel: KernelSession, line: str) -> None:

@@ -152,6 +152,12 @@ ZH: dict[str, str] = {
         "（这个 rank 最多只能同时打开 {limit} 个文件（RLIMIT_NOFILE），而 rank 会从一个单元格活到下一个单元格："
         "某个单元格调低了这个上限，或者留下了没关闭的文件或套接字，之后的单元格就会在这里失败。"
         "请关闭你打开的东西，用 resource.setrlimit 调高上限，或者运行 %dist_restart 换一批新的 rank。）",
+    "Only {ran} ran this cell (--ranks), and a collective on the default group also waits for "
+    "{absent}. Make a group of the ranks that run it in a cell every rank runs "
+    "(g = dist.new_group([...])) and pass group=g.":
+        "只有 {ran} 运行了这个单元格（--ranks），而默认进程组上的集合通信还要等 {absent}。"
+        "请在一个所有 rank 都运行的单元格里，为运行它的那些 rank 建一个组（g = dist.new_group([...])），"
+        "再传入 group=g。",
     "mp.Process(target={name}) would start a new Python ({method}), which cannot import {name} from "
     "the cell. Put {name} in a .py file and import it, or, for one process per rank, pass "
     "args=(rank, world_size, ...): the ranks then run it themselves.":

@@ -637,6 +637,7 @@ class Outcome:
         if self.status == "timed_out":
             reason = tr("the cell ran past its {timeout} s deadline: {ranks} still running "
                         "(a deadlock, or raise --timeout)", timeout=f"{self.timeout:g}", ranks=rank_label(stuck))
+            reason += self._subset_hint()
             return RankTimeout.hung(reason, self.stacks, self.failures, self.cell_lines, self.note)
         if self.status == "hung":
             bad = sorted({f.rank for f in self.failures})
@@ -647,6 +648,18 @@ class Outcome:
         if self.failures:
             return RankError.from_failures(self.failures, self.world_size, self.note)
         return None
+
+    def _subset_hint(self) -> str:
+        """``--ranks 0`` with a collective on the default group waits for ranks that never run the
+        cell: the commonest deadlock of the option, and the stack alone does not say why."""
+        ran = set(self.dones) | set(self.stacks) | {f.rank for f in self.failures}
+        if len(ran) >= self.world_size or not any("distributed_c10d" in s for s in self.stacks.values()):
+            return ""
+        absent = sorted(set(range(self.world_size)) - ran)
+        return "\n" + tr("Only {ran} ran this cell (--ranks), and a collective on the default group also waits for "
+                         "{absent}. Make a group of the ranks that run it in a cell every rank runs "
+                         "(g = dist.new_group([...])) and pass group=g.",
+                         ran=rank_label(sorted(ran)), absent=rank_label(absent))
 
 
 def crash_failure(rank: int, code: int | None, remote: bool = False) -> RankFailure:
