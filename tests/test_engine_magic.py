@@ -154,6 +154,16 @@ def test_a_script_written_for_mp_spawn_runs_its_function_on_the_ranks(kernel: Ke
     assert reply.error is not None and "%%dist -n 4" in reply.traceback and "could not import" in reply.traceback
 
 
+def test_mp_start_processes_runs_a_cells_function_on_the_ranks_too(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist -n 2\nimport torch.multiprocessing as mp\ndef work(r, n):\n"
+                           "    t = torch.ones(1) * r\n    dist.all_reduce(t)\n    print('work', r, n, t.item())\n"
+                           "mp.start_processes(work, args=(2,), nprocs=2, start_method='spawn')")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert sorted(line for line in reply.stdout.splitlines() if "work " in line) == [
+        "[rank 0] work 0 2 1.0", "[rank 1] work 1 2 1.0"]
+    assert "mp.start_processes runs work(rank, ...) on this cell's 2 ranks" in reply.stdout
+
+
 PROCESS_SCRIPT = """import os
 import torch
 import torch.distributed as dist
@@ -204,11 +214,33 @@ def test_the_tutorial_that_starts_its_ranks_with_mp_process_runs_on_the_ranks(ke
     assert sorted(reply.stdout.splitlines()) == ["[rank 0] fixed 0", "[rank 1] fixed 1"], reply.stdout
     reply = kernel.execute("%%dist -n 2\n" + PROCESS_SCRIPT.format(n=4))
     assert reply.error is not None and "%%dist -n 4" in reply.traceback, reply.traceback
-    reply = kernel.execute("%%dist -n 2\nimport multiprocessing as mp\ndef work(q):\n    pass\n"
-                           "mp.get_context('spawn').Process(target=work, args=('q',)).start()")
-    assert reply.error is not None and "cannot import work from the cell" in reply.traceback, reply.traceback
+    reply = kernel.execute("%%dist -n 2\nimport multiprocessing as mp\ndef work(q):\n    print('child of', q)\n"
+                           "p = mp.get_context('spawn').Process(target=work, args=(f'rank {dist.get_rank()}',))\n"
+                           "p.start()\np.join()\nprint('exit', p.exitcode)")  # not one per rank: a real child
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert sorted(reply.stdout.splitlines()) == ["[rank 0] child of rank 0", "[rank 0] exit 0",
+                                                 "[rank 1] child of rank 1", "[rank 1] exit 0"]
     reply = kernel.execute("%%dist -n 2\nimport multiprocessing as mp\nmp.set_start_method('fork')")
     assert reply.error is not None and "context has already been set" in reply.traceback  # a change still fails
+
+
+def test_processes_a_cell_spawns_get_its_functions_and_classes(kernel: KernelSession) -> None:
+    """A spawned child is a new Python that cannot import a cell: a spawn Pool hung, a DataLoader
+    whose workers spawn (macOS's default) died with "Can't get attribute". They get them by value. (The spawn Pool sets
+    the rank's default start method, as it would in a script: so this runs after the tutorial.)"""
+    reply = kernel.execute(
+        "%%dist -n 2\nimport multiprocessing\nfrom torch.utils.data import Dataset, DataLoader\nme = dist.get_rank()\n"
+        "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+        "def boxed(x):\n    return Box(x + me)\n"
+        "class Squares(Dataset):\n    def __len__(self):\n        return 4\n"
+        "    def __getitem__(self, i):\n        return torch.tensor([i * i + me])\n"
+        "with multiprocessing.get_context('spawn').Pool(1) as pool:\n    out = pool.map(boxed, [10])\n"
+        "print([b.v for b in out], isinstance(out[0], Box))\n"
+        "loader = DataLoader(Squares(), batch_size=2, num_workers=1, multiprocessing_context='spawn')\n"
+        "print([batch.view(-1).tolist() for batch in loader])", timeout=180)
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [
+        "[rank 0] [10] True", "[rank 0] [[0, 1], [4, 9]]", "[rank 1] [11] True", "[rank 1] [[1, 2], [5, 10]]"]
 
 
 @pytest.mark.parametrize("destroyed_on", ["", " --ranks 0,2"])

@@ -158,12 +158,6 @@ ZH: dict[str, str] = {
         "只有 {ran} 运行了这个单元格（--ranks），而默认进程组上的集合通信还要等 {absent}。"
         "请在一个所有 rank 都运行的单元格里，为运行它的那些 rank 建一个组（g = dist.new_group([...])），"
         "再传入 group=g。",
-    "mp.Process(target={name}) would start a new Python ({method}), which cannot import {name} from "
-    "the cell. Put {name} in a .py file and import it, or, for one process per rank, pass "
-    "args=(rank, world_size, ...): the ranks then run it themselves.":
-        "mp.Process(target={name}) 会启动一个新的 Python（{method}），而它无法从单元格里导入 {name}。"
-        "请把 {name} 放进一个 .py 文件再导入；如果是每个 rank 一个进程，就传入 args=(rank, world_size, ...)："
-        "这样各个 rank 会自己运行它。",
     "mp.Process({name}, args=({r}, {n}, ...)) starts rank {r} of {n}, and this cell has {w} ranks. "
     "Run the cell with %%dist -n {n}: each rank then runs {name} itself.":
         "mp.Process({name}, args=({r}, {n}, ...)) 要启动 {n} 个 rank 中的第 {r} 个，而这个单元格有 {w} 个 rank。"
@@ -179,14 +173,14 @@ ZH: dict[str, str] = {
     "then copy it to the ranks with %dist_push NAME":
         "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"
         "再用 %dist_push NAME 把它复制到各个 rank。",
-    "mp.spawn({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and they could not "
-    "import {name} from the cell. Run the cell with %%dist -n {n}: mp.spawn then runs {name}(rank, ...) on the "
+    "mp.{entry}({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and they could not "
+    "import {name} from the cell. Run the cell with %%dist -n {n}: mp.{entry} then runs {name}(rank, ...) on the "
     "ranks themselves.":
-        "mp.spawn({name}, nprocs={n}) 会在这个单元格的 {w} 个 rank 上各自再启动 {n} 个进程，而这些进程无法从单元格里"
-        "导入 {name}。请用 %%dist -n {n} 运行这个单元格：这样 mp.spawn 会直接在各个 rank 上运行 {name}(rank, ...)。",
-    "distlab: mp.spawn runs {name}(rank, ...) on this cell's {n} ranks, which already are the processes it would "
+        "mp.{entry}({name}, nprocs={n}) 会在这个单元格的 {w} 个 rank 上各自再启动 {n} 个进程，而这些进程无法从单元格里"
+        "导入 {name}。请用 %%dist -n {n} 运行这个单元格：这样 mp.{entry} 会直接在各个 rank 上运行 {name}(rank, ...)。",
+    "distlab: mp.{entry} runs {name}(rank, ...) on this cell's {n} ranks, which already are the processes it would "
     "start.":
-        "distlab：mp.spawn 在这个单元格的 {n} 个 rank 上运行 {name}(rank, ...)，因为这些 rank 本身就是它要启动的进程。",
+        "distlab：mp.{entry} 在这个单元格的 {n} 个 rank 上运行 {name}(rank, ...)，因为这些 rank 本身就是它要启动的进程。",
     "distlab: {n} ranks, backend {backend}, generation {generation}, restarts {restarts}":
         "distlab：{n} 个 rank，后端 {backend}，第 {generation} 代，已重启 {restarts} 次",
     " on {node}": "（节点 {node}）",

@@ -3,9 +3,9 @@
 Scripts written for torchrun call ``init_process_group`` themselves; scripts written for
 ``mp.spawn`` (PyTorch's DDP tutorial) or for ``mp.Process`` (the tutorial "Writing Distributed
 Applications with PyTorch") start one process per rank. On the ranks these processes already
-exist, and a process spawned from a cell could not import the cell's functions anyway (it dies
-with "Can't get attribute"). So each rank runs its own share itself, and says so once.
-Functions from modules, and the fork start method, start processes as usual.
+exist, so each rank runs its own share itself, and says so once. Functions from modules, the fork
+start method, and processes that are not one per rank start as usual (a spawned child gets the
+cell's functions by value: see cellpickle).
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distlab import cellpickle
 from distlab.i18n import tr
 
 
 def install(rank: int, world_size: int) -> None:
     """Called once a rank has joined its process group."""
     make_reinit_harmless()
+    cellpickle.install()
     make_spawn_run_here(rank, world_size)
     make_process_run_here(rank, world_size)
     make_start_method_repeatable()
@@ -46,33 +48,43 @@ def make_reinit_harmless() -> None:
 
 def make_spawn_run_here(rank: int, world_size: int) -> None:
     """Scripts written for ``mp.spawn`` (PyTorch's DDP tutorial) call ``mp.spawn(fn, args,
-    nprocs)`` with ``fn`` defined in the cell. A spawned child cannot import the cell (it dies with
-    "Can't get attribute"), and the ranks already are the processes it would start: so each rank
-    runs ``fn(rank, *args)`` itself. A function from a module, or another start method, spawns as usual."""
+    nprocs)`` (or ``mp.start_processes``) with ``fn`` defined in the cell. A spawned child cannot
+    import the cell (it dies with "Can't get attribute"), and the ranks already are the processes it
+    would start: so each rank runs ``fn(rank, *args)`` itself. A function from a module, or the fork
+    start method, starts processes as usual."""
     spawn_module: Any = sys.modules.get("torch.multiprocessing.spawn")
-    original = getattr(spawn_module, "spawn", None)
-    if original is None:  # another torch than the ones this was written for: leave it alone
-        return
+    for entry in ("spawn", "start_processes"):
+        original = getattr(spawn_module, entry, None)
+        if original is None:  # another torch than the ones this was written for: leave it alone
+            continue
+        replacement = _runs_here(original, entry, rank, world_size)
+        setattr(spawn_module, entry, replacement)
+        setattr(torch.multiprocessing, entry, replacement)
 
-    def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
-              start_method: str = "spawn") -> Any:
-        if getattr(fn, "__module__", None) != "__main__" or start_method != "spawn":
+
+def _runs_here(original: Any, entry: str, rank: int, world_size: int) -> Any:
+    """``original`` (``mp.spawn`` or ``mp.start_processes``, which share their signature), made
+    to run a cell's function on this rank instead of in new processes."""
+
+    def runs_here(fn: Any, args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+                  start_method: str = "spawn") -> Any:
+        if getattr(fn, "__module__", None) != "__main__" or start_method == "fork":
             return original(fn, args, nprocs, join, daemon, start_method)
         name = getattr(fn, "__name__", "fn")
         if nprocs != world_size:
             raise RuntimeError(tr(
-                "mp.spawn({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and "
-                "they could not import {name} from the cell. Run the cell with %%dist -n {n}: mp.spawn then "
-                "runs {name}(rank, ...) on the ranks themselves.", name=name, n=nprocs, w=world_size))
+                "mp.{entry}({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and "
+                "they could not import {name} from the cell. Run the cell with %%dist -n {n}: mp.{entry} then "
+                "runs {name}(rank, ...) on the ranks themselves.", entry=entry, name=name, n=nprocs, w=world_size))
         if rank == 0:
-            print(tr("distlab: mp.spawn runs {name}(rank, ...) on this cell's {n} ranks, which already are the "
-                     "processes it would start.", name=name, n=nprocs), file=sys.stderr)
+            print(tr("distlab: mp.{entry} runs {name}(rank, ...) on this cell's {n} ranks, which already are the "
+                     "processes it would start.", entry=entry, name=name, n=nprocs), file=sys.stderr)
         fn(rank, *args)
         return None if join else _SpawnedHere()
 
-    spawn.__doc__ = original.__doc__
-    spawn_module.spawn = spawn
-    torch.multiprocessing.spawn = spawn  # type: ignore[attr-defined]
+    runs_here.__doc__ = original.__doc__
+    runs_here.__name__ = entry
+    return runs_here
 
 
 class _SpawnedHere:
@@ -106,7 +118,8 @@ def _note_skipped_init(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 def make_process_run_here(rank: int, world_size: int) -> None:
     """``for r in range(size): mp.Process(target=init_process, args=(r, size, run)).start()``:
     the process whose first argument is this rank's number runs here, when it is started, and the
-    others are left to their own ranks. Its exception fails the cell on this rank, with its line."""
+    others are left to their own ranks. Its exception fails the cell on this rank, with its line.
+    Any other process a cell starts is a real child."""
     base = multiprocessing.process.BaseProcess
     original = base.start
 
@@ -119,10 +132,7 @@ def make_process_run_here(rank: int, world_size: int) -> None:
         args, kwargs = tuple(self._args), dict(self._kwargs)
         shaped = len(args) >= 2 and all(isinstance(a, int) and not isinstance(a, bool) for a in args[:2])
         if not shaped or not 0 <= args[0] < args[1]:
-            raise RuntimeError(tr(
-                "mp.Process(target={name}) would start a new Python ({method}), which cannot import {name} from "
-                "the cell. Put {name} in a .py file and import it, or, for one process per rank, pass "
-                "args=(rank, world_size, ...): the ranks then run it themselves.", name=name, method=method))
+            return original(self)  # not one process per rank: a child, which gets the target by value (cellpickle)
         if args[1] != world_size:
             raise RuntimeError(tr(
                 "mp.Process({name}, args=({r}, {n}, ...)) starts rank {r} of {n}, and this cell has {w} ranks. "
