@@ -243,6 +243,19 @@ def test_processes_a_cell_spawns_get_its_functions_and_classes(kernel: KernelSes
         "[rank 0] [10] True", "[rank 0] [[0, 1], [4, 9]]", "[rank 1] [11] True", "[rank 1] [[1, 2], [5, 10]]"]
 
 
+def test_a_start_method_python_fixed_on_first_use_gives_way_to_the_one_a_cell_sets(kernel: KernelSession) -> None:
+    """A Queue, a Pool or a DataLoader in one cell fixes the default start method for good; a
+    script in a later cell that sets its own must still run, as it would in a fresh process."""
+    reply = kernel.execute("%%dist -n 3\nimport multiprocessing as mp\nq = mp.Queue()\nbefore = mp.get_start_method()\n"
+                           "mp.set_start_method('spawn')\nmp.set_start_method('spawn')\n"
+                           "print(before, mp.get_start_method())")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert sorted(line for line in reply.stdout.splitlines() if line.startswith("[rank")) == [
+        f"[rank {r}] fork spawn" for r in range(3)]
+    reply = kernel.execute("%%dist -n 3\nmp.set_start_method('fork')")  # a cell's own choice stands
+    assert reply.error is not None and "context has already been set" in reply.traceback
+
+
 @pytest.mark.parametrize("destroyed_on", ["", " --ranks 0,2"])
 def test_after_a_cell_destroys_the_group_any_ranks_run_on_a_fresh_one(kernel: KernelSession, destroyed_on: str) -> None:
     kernel.execute("%%dist -n 4\nkept = rank * 10")

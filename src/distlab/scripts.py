@@ -175,15 +175,25 @@ class _RanHere:
 
 
 def make_start_method_repeatable() -> None:
-    """A script sets its start method once; a cell runs again and again, and the second
-    ``mp.set_start_method("spawn")`` would fail with "context has already been set". Asking for
-    the method already set is a no-op here; asking for another one still fails, as it should."""
+    """A script sets its start method once, in a fresh process; a rank lives on from cell to cell.
+    So the second ``mp.set_start_method("spawn")`` would fail with "context has already been set",
+    and so would the first after any earlier cell used a Pool, a Queue or a DataLoader (Python then
+    fixes the default method for good). Asking for the method already set is a no-op here, and a
+    method Python fixed by itself gives way to the one a cell asks for; changing a method a cell
+    set still fails, as it should."""
     original = multiprocessing.set_start_method
+    set_by_a_cell: list[str] = []
 
     def set_start_method(method: str | None, force: bool = False) -> None:
-        if not force and method is not None and multiprocessing.get_start_method(allow_none=True) == method:
+        current = multiprocessing.get_start_method(allow_none=True)
+        if not force and method is not None and current == method:
+            set_by_a_cell[:] = [method]
             return None
-        return original(method, force)
+        if current is not None and not set_by_a_cell:
+            force = True  # Python fixed it on first use; no cell chose it
+        original(method, force)
+        set_by_a_cell[:] = [method] if method is not None else []
+        return None
 
     set_start_method.__doc__ = original.__doc__
     multiprocessing.set_start_method = set_start_method
