@@ -296,6 +296,57 @@ def test_a_confined_process_cannot_read_the_folder_by_any_path_and_reads_the_res
     assert kept.stdout.split() == ["False", "imports"], kept.stderr
 
 
+WRITE_AROUND = """import inspect, os, tempfile, torch
+TARGETS = {targets!r}
+
+def all_reduce_rs_ag(tensor, op=None, group=None):
+    scratch = os.path.join(tempfile.gettempdir(), "scratch.pt")
+    torch.save(tensor, scratch)  # C++ writes in the rank's own folder: allowed, as honest code needs
+    with open(scratch + ".txt", "w") as note:
+        note.write("ok")
+    assert torch.equal(torch.load(scratch), tensor) and open(scratch + ".txt").read() == "ok"
+    for how, path in TARGETS:
+        try:
+            if how == "open":
+                with open(path, "w") as evil:
+                    evil.write("import os\\n")
+            elif how == "save":
+                torch.save("\\nimport os\\n", path)
+            else:
+                os.replace(scratch + ".txt", path)
+        except Exception as refused:
+            if how != "save" and "write outside their temporary folder" not in str(refused):
+                raise  # Python's writes are refused by the audit hook, with a message that says why
+    _honest(tensor, op, group)
+
+{honest}
+"""
+
+
+@pytest.mark.slow
+def test_grading_ranks_write_only_in_a_folder_of_their_own(tmp_path: Path) -> None:
+    """A .pth file in site-packages runs in every later Python of the venv, the grader's too; a
+    json.py where the grader starts shadows the real one. Python's writes and C++'s are refused
+    outside the rank's own temporary folder; writing there works."""
+    import inspect
+    import site
+
+    from test_grading import reference_all_reduce
+
+    pth = Path(site.getsitepackages()[0]) / f"zz_distlab_test_{os.getpid()}.pth"
+    targets = [("open", str(pth)), ("open", str(tmp_path / "json.py")), ("move", str(tmp_path / "moved.txt"))]
+    if confine.available():  # C++ opens no audit hook sees: only the kernel refuses them
+        targets.append(("save", str(tmp_path / "saved.pth")))
+    honest = inspect.getsource(reference_all_reduce).replace("def reference_all_reduce(", "def _honest(")
+    try:
+        graded = _grade(WRITE_AROUND.format(targets=targets, honest=honest), (str(SOLUTIONS),))
+    finally:
+        written = [path for _, path in targets if os.path.exists(path)]
+        pth.unlink(missing_ok=True)
+    assert written == []
+    assert all(passed for _, passed, _ in graded), graded  # writing in its own folder works
+
+
 MEMORY_BOMB = """import torch
 def all_reduce_rs_ag(tensor, op=None, group=None):
     hoard = torch.ones(3 << 30, dtype=torch.uint8)  # 3 GB, more than a grading rank may hold

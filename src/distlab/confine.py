@@ -16,9 +16,16 @@ Landlock allows what its rules list and refuses the rest, so the rules list ever
 protected folders: each entry of each folder above a protected one, except the protected folders
 and the folders on the way to them. A file created later directly in a folder above a protected
 one (say in ``/tmp`` when the course lives in ``/tmp/course``) cannot be read back; folders and
-files anywhere else are untouched. Only reading files is restricted: listing folders, writing and
-everything else are left to the audit hook. Where Landlock is missing (another OS, an older
-kernel), :func:`confine` returns False and the audit hook stands alone.
+files anywhere else are untouched.
+
+Writing: a grading rank could otherwise write anywhere the grader's user may, and reach later
+grading runs from there: a ``.pth`` file in site-packages runs in every Python the venv starts,
+a ``json.py`` in the folder the grader is started from shadows the real one, the kit's own
+sources are one ``open(..., "w")`` away, and C++ (``torch.save``) writes without any audit event.
+So a grading rank may create, change and remove files only in a folder of its own (its TMPDIR),
+its stack file, ``/dev/null`` and ``/dev/shm``. Listing folders is left to the audit hook. Where
+Landlock is missing (another OS, an older kernel), :func:`confine` returns False and the audit
+hook stands alone.
 """
 
 from __future__ import annotations
@@ -32,7 +39,11 @@ from collections.abc import Iterable
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
-_READ_FILE = 1 << 2
+_WRITE_FILE, _READ_FILE, _EXECUTE = 1 << 1, 1 << 2, 1 << 0
+# creating, changing and removing anything (Landlock ABI 1); truncate(2) joined in ABI 3
+_WRITE = _WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # REMOVE_DIR ... MAKE_SYM
+_TRUNCATE = 1 << 14
+_FILE_ACCESS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE
 _PR_SET_NO_NEW_PRIVS = 38
 
 
@@ -71,9 +82,10 @@ def _inside(path: str, roots: set[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def confine(protected: Iterable[str]) -> bool:
-    """From now on this process, and what it starts, cannot read files under ``protected``.
-    True when the kernel enforces it; False (nothing changed) when Landlock is unavailable."""
+def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> bool:
+    """From now on this process, and what it starts, cannot read files under ``protected`` and,
+    given ``writable``, cannot create, change or remove anything but the folders and files listed
+    there. True when the kernel enforces it; False (nothing changed) when Landlock is unavailable."""
     roots = {os.path.realpath(p) for p in protected if os.path.exists(p)}
     roots.discard(os.sep)
     # a folder that holds Python or the kit itself (the inbox's folder is the home folder, and the
@@ -82,13 +94,31 @@ def confine(protected: Iterable[str]) -> bool:
     needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(__file__)))}
     roots = {root for root in roots if not any(_inside(folder, {root}) for folder in needed)}
     libc = _libc()
-    if not roots or libc is None or not available():
+    if (not roots and writable is None) or libc is None or not available():
         return False
-    handled = ctypes.c_uint64(_READ_FILE)  # struct landlock_ruleset_attr, first field only
+    abi = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    write = (_WRITE | (_TRUNCATE if abi >= 3 else 0)) if writable is not None else 0
+    handled = ctypes.c_uint64(_READ_FILE | write)  # struct landlock_ruleset_attr, first field only
     ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
     if ruleset < 0:
         return False
     try:
+        def allow(path: str, access: int) -> None:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                return
+            try:
+                if not os.path.isdir(path):
+                    access &= _FILE_ACCESS  # a rule on a file may only grant what applies to files
+                rule = _PathBeneath(access, fd)
+                libc.syscall(_ADD_RULE, ruleset, ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule),
+                             ctypes.c_uint32(0))
+            finally:
+                os.close(fd)
+
+        if not roots:
+            allow(os.sep, _READ_FILE)
         above = {a for root in roots for a in _ancestors(root)}
         for folder in sorted(above):
             try:
@@ -100,16 +130,10 @@ def confine(protected: Iterable[str]) -> bool:
                 real = os.path.realpath(path)  # a link to a protected folder, or to one above it, is left out
                 if path in above or real in above or _inside(path, roots) or _inside(real, roots):
                     continue
-                try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                try:
-                    rule = _PathBeneath(_READ_FILE, fd)
-                    libc.syscall(_ADD_RULE, ruleset, ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule),
-                                 ctypes.c_uint32(0))
-                finally:
-                    os.close(fd)
+                allow(path, _READ_FILE)
+        for path in writable or ():
+            real = os.path.realpath(path)
+            allow(real, write | (0 if _inside(real, roots) else _READ_FILE))
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return False
         return libc.syscall(_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) == 0

@@ -14,9 +14,11 @@ import gc
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -154,10 +156,11 @@ class Launcher:
             os.setpgid(0, 0)  # its own process group: what the rank starts ends with it (_kill_group)
             die_with_parent()
             adopt_orphans()  # and what leaves the group stays below the rank (see adopt_orphans)
-            if request.unreadable or request.memory_limit:  # before the rank's first thread
+            if request.unreadable or request.memory_limit or request.writes_confined:  # before its first thread
                 from distlab import confine
 
-                confine.confine(request.unreadable)
+                writable = self._own_folder(request, rank) if request.writes_confined else None
+                confine.confine(request.unreadable, writable)
                 if request.memory_limit:
                     confine.limit_memory(request.memory_limit)
             from distlab.worker import RankSpec, rank_main
@@ -173,6 +176,21 @@ class Launcher:
         finally:
             os._exit(code)
 
+    def _own_folder(self, request: SpawnRanks, rank: int) -> list[str]:
+        """What a rank confined to its own files may write: a fresh temporary folder (its TMPDIR,
+        removed with the kernel's folder), its stack file, /dev/null and /dev/shm."""
+        folder = os.path.dirname(self.path)
+        own = self._own_folder_path(request.pool_id, request.generation, rank)
+        os.makedirs(own, mode=0o700, exist_ok=True)
+        os.environ["TMPDIR"] = own
+        tempfile.tempdir = own
+        stack = os.path.join(folder, f"{request.pool_id}-{request.generation}-{rank}.stack")
+        open(stack, "a").close()  # the rank opens it to append: it must exist before the rules are made
+        return [own, stack, os.devnull, "/dev/shm"]
+
+    def _own_folder_path(self, pool_id: str, generation: int, rank: int) -> str:
+        return os.path.join(os.path.dirname(self.path), f"tmp-{pool_id}-{generation}-{rank}")
+
     def reap(self) -> None:
         while self.children:
             try:  # look before reaping: while the rank is a zombie its group id cannot be reused
@@ -186,6 +204,7 @@ class Launcher:
             pool_id, generation, rank = self.children.pop(pid, ("", 0, -1))
             if rank >= 0:
                 self.end_adopted()  # what the rank started in sessions of its own came to us as it ended
+                shutil.rmtree(self._own_folder_path(pool_id, generation, rank), ignore_errors=True)
                 code = os.waitstatus_to_exitcode(status)
                 protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code))
 

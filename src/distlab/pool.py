@@ -56,7 +56,7 @@ class Pool:
     def __init__(self, world_size: int, backend: str = "auto", hub: Hub | None = None,
                  sink: Sink | None = None, eager_restart: bool = True,
                  cluster: ClusterLaunch | None = None, unreadable: Sequence[str] = (),
-                 memory_limit: int = 0) -> None:
+                 memory_limit: int = 0, confine_writes: bool = False) -> None:
         """``unreadable``: folders the ranks may never read files from; ``memory_limit``: bytes of
         data each rank may hold (0: no limit). The grader's, for ranks forked here: see
         :mod:`distlab.confine`."""
@@ -67,6 +67,7 @@ class Pool:
         self.cluster = cluster  # None: ranks forked here by the kit's launcher
         self.unreadable = tuple(unreadable)
         self.memory_limit = memory_limit
+        self.confine_writes = confine_writes
         # on a cluster the kernel cannot count the nodes' GPUs: "auto" means gloo there
         self.backend = resolve_backend(backend, world_size) if cluster is None else (
             "nccl" if backend == "nccl" else "gloo")
@@ -99,7 +100,8 @@ class Pool:
         self._rendezvous_sent = False
         if self.cluster is None:
             self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
-                                              tuple(range(self.world_size)), self.unreadable, self.memory_limit))
+                                              tuple(range(self.world_size)), self.unreadable, self.memory_limit,
+                                              self.confine_writes))
         else:
             hub = self.hub.listen_tcp(self.cluster.address())
             env = self.cluster.environment(hub, self.hub.key, self.pool_id, self.generation, self.backend,

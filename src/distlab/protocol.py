@@ -67,6 +67,7 @@ class SpawnRanks:
     ranks: tuple[int, ...]
     unreadable: tuple[str, ...] = ()  # folders the ranks shut out at birth (distlab.confine)
     memory_limit: int = 0  # bytes of data per rank, 0: no limit (distlab.confine)
+    writes_confined: bool = False  # the ranks write only to a folder of their own (distlab.confine)
     kind: Literal["spawn"] = "spawn"
 
 

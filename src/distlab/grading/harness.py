@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import builtins
 import linecache
+import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +49,8 @@ def load_namespace(submission: Submission, guard: CommGuard) -> dict[str, Any]:
         return {submission.function: submission.fn}
     namespace: dict[str, Any] = {"__name__": "__submission__", "__builtins__": builtins}
     exec(compile(submission.setup_source, "<setup cell>", "exec"), namespace)
-    sandbox.install(submission.protected)  # after the trusted setup, before the student's code
+    # after the trusted setup, before the student's code; the rank's TMPDIR is its own (launcher)
+    sandbox.install(submission.protected, (tempfile.gettempdir(), os.devnull, "/dev/shm"))
     source = submission.source or ""
     linecache.cache[SUBMISSION_FILE] = (len(source), None, source.splitlines(True), SUBMISSION_FILE)
     try:

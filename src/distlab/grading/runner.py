@@ -94,7 +94,8 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
                timeout: float, reference: dict[str, Any] | None = None) -> tuple[str | None, bool]:
     """(feedback or None, False when the answer cell itself failed, so every part would)."""
     sink = _CaseSink()
-    pool = Pool(batch.world_size, "gloo", sink=sink, unreadable=submission.protected, memory_limit=RANK_MEMORY)
+    pool = Pool(batch.world_size, "gloo", sink=sink, unreadable=submission.protected, memory_limit=RANK_MEMORY,
+                confine_writes=True)
     try:
         dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(timeout, 0.1))
     except RankTimeout as exc:

@@ -6,6 +6,9 @@ submission that imports or reads them would earn points it did not write. An aud
 (PEP 578) is installed in each grading rank before the student's cell runs; it cannot be
 removed from Python once added. It refuses:
 
+- writing, creating, moving or removing files anywhere but the rank's own temporary folder,
+  /dev/null and /dev/shm (a ``.pth`` file in site-packages, or a ``json.py`` where the grader
+  starts, would run in every later grading run);
 - opening any file under a protected directory (``open``, ``os.open``, ``io.open_code``: so
   ``import``, ``exec(open(...))``, ``importlib`` and ``pathlib`` are covered alike). The audit
   event does not say which directory a relative path is relative to (``os.open(name,
@@ -106,6 +109,18 @@ def _resolutions(path: Any) -> list[str]:
     return [os.path.realpath(os.path.join(base, text)) for base in bases]
 
 
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def _writes(args: tuple[Any, ...]) -> bool:
+    """Whether an ``open`` audit event (path, mode, flags) opens for writing."""
+    mode = args[1] if len(args) > 1 else None
+    flags = args[2] if len(args) > 2 else 0
+    if isinstance(mode, str) and any(c in mode for c in "wax+"):
+        return True
+    return isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
+
+
 def _own(event: str, target: Any) -> bool:
     """True for the rank itself or its own process group (the rank leads one: what it started)."""
     if not isinstance(target, int):
@@ -126,13 +141,15 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def install(protected: Iterable[str]) -> None:
-    """Install the hook once per rank process (hooks stack and cannot be removed)."""
+def install(protected: Iterable[str], writable: Iterable[str] | None = None) -> None:
+    """Install the hook once per rank process (hooks stack and cannot be removed). Given
+    ``writable``, Python may create, change or remove files only there (see distlab.confine)."""
     global _installed
     if _installed is not None:
         return
     roots = tuple(sorted({p for p in (_real(root) for root in protected) if p and p != os.sep}))
     _installed = roots
+    own = None if writable is None else tuple(sorted({p for p in (_real(w) for w in writable) if p}))
 
     busy = threading.local()  # the checks list /proc/self/fd: an event of their own, not to be checked
 
@@ -159,11 +176,15 @@ def install(protected: Iterable[str]) -> None:
             for path in _resolutions(args[0]) if args else ():
                 if _inside(path, roots):
                     raise PermissionError(f"{REFUSED} read the instructor's files ({path})")
+                if own is not None and _writes(args) and not _inside(path, own):
+                    raise PermissionError(f"{REFUSED} write outside their temporary folder ({path})")
             return
         for arg in args:
             if isinstance(arg, (str, bytes, os.PathLike)):
                 for path in _resolutions(arg):
                     if _inside(path, roots) or (event in _CHANGE_EVENTS and _above(path, roots)):
                         raise PermissionError(f"{REFUSED} touch the instructor's files ({event} {path})")
+                    if own is not None and event in _CHANGE_EVENTS and not _inside(path, own):
+                        raise PermissionError(f"{REFUSED} write outside their temporary folder ({event} {path})")
 
     sys.addaudithook(hook)
