@@ -241,6 +241,11 @@ def test_processes_a_cell_spawns_get_its_functions_and_classes(kernel: KernelSes
     assert reply.error is None and reply.stderr == "", reply.traceback
     assert sorted(reply.stdout.splitlines()) == [
         "[rank 0] [10] True", "[rank 0] [[0, 1], [4, 9]]", "[rank 1] [11] True", "[rank 1] [[1, 2], [5, 10]]"]
+    # with no spawned child about, a function goes by name as before: not with the 4 MB it reads
+    reply = kernel.execute("%%dist -n 2\nfrom multiprocessing.reduction import ForkingPickler\n"
+                           "big = torch.zeros(1 << 20)\ndef reads_big(i):\n    return big[i]\n"
+                           "print(len(ForkingPickler.dumps(reads_big)) < 1000, len(ForkingPickler.dumps(lambda: big)) > 1e6)")
+    assert sorted(reply.stdout.splitlines()) == ["[rank 0] True True", "[rank 1] True True"], reply.traceback
 
 
 def test_a_start_method_python_fixed_on_first_use_gives_way_to_the_one_a_cell_sets(kernel: KernelSession) -> None:

@@ -11,7 +11,9 @@ everything else as before. This module imports no torch: a spawned child imports
 
 from __future__ import annotations
 
+import multiprocessing.context
 import multiprocessing.reduction
+import sys
 import types
 from typing import Any
 
@@ -24,9 +26,25 @@ def install() -> None:
 
 
 def _by_value(self: Any, obj: Any) -> Any:
-    if isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__":
+    if (isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__"
+            and (not _found_by_name(obj) or _a_fresh_python_may_read_this())):
         return _rebuild, (cloudpickle.dumps(obj),)
     return NotImplemented
+
+
+def _found_by_name(obj: Any) -> bool:
+    """Whether pickle's by-name route works here at all: not in a spawned child, whose copies of
+    the cell's classes came by value (and whose results go back to the rank)."""
+    return getattr(sys.modules.get("__main__"), getattr(obj, "__qualname__", ""), None) is obj
+
+
+def _a_fresh_python_may_read_this() -> bool:
+    """By value costs what the function refers to (a 1 GB tensor it reads, on every task of a
+    Pool): pay it only where a child could not find the object by name, that is while a spawn or
+    forkserver child is being started or is alive. A forked child has the rank's ``__main__``."""
+    if multiprocessing.context.get_spawning_popen() is not None:
+        return True
+    return any(getattr(child, "_start_method", "fork") != "fork" for child in multiprocessing.active_children())
 
 
 def _rebuild(blob: bytes) -> Any:
