@@ -123,6 +123,10 @@ def test_a_script_written_for_torchrun_runs_as_a_cell_twice(kernel: KernelSessio
         assert reply.error is None, reply.traceback
         assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] rank {r}/4 local {r}: 6.0" for r in range(4)]
         assert reply.stderr == ""
+    # the rest of what torchrun gives its workers, read by code that checks where it runs (Lightning)
+    reply = kernel.execute("%%dist -n 4\nimport os\nprint(dist.is_torchelastic_launched(), *(os.environ[name] for name "
+                           "in ('GROUP_RANK', 'ROLE_RANK', 'ROLE_WORLD_SIZE', 'TORCHELASTIC_RESTART_COUNT')))")
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] True 0 {r} 4 0" for r in range(4)], reply.traceback
 
 
 SPAWN_SCRIPT = """

@@ -202,6 +202,16 @@ class Rank:
             self._rendezvous()
         local_rank = spec.rank if spec.local_rank < 0 else spec.local_rank
         local_world = spec.local_world_size or spec.world_size
+        # what torchrun gives its workers, so code that reads them (or asks
+        # dist.is_torchelastic_launched(), as Lightning and torchtitan do) finds a torchrun world
+        # (on another host a real launcher, torchrun itself perhaps, may have set them: they stay)
+        elastic = {"GROUP_RANK": os.environ.get("SLURM_NODEID", str(spec.rank // local_world)) if spec.joined else "0",
+                   "ROLE_RANK": str(spec.rank), "ROLE_WORLD_SIZE": str(spec.world_size), "ROLE_NAME": "default",
+                   "TORCHELASTIC_RUN_ID": spec.pool_id, "TORCHELASTIC_RESTART_COUNT": "0",
+                   "TORCHELASTIC_MAX_RESTARTS": "0"}
+        for name, value in elastic.items():
+            if not spec.joined or name not in os.environ:
+                os.environ[name] = value
         os.environ.update({
             "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": self.master_addr,
