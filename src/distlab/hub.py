@@ -223,7 +223,7 @@ class Hub:
             conn.close()
 
     def stack_path(self, pool_id: str, generation: int, rank: int) -> str:
-        return os.path.join(self.dir, f"{pool_id}-{generation}-{rank}.stack")
+        return protocol.stack_file(self.dir, pool_id, generation, rank)
 
     # --- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -178,13 +178,13 @@ class Launcher:
 
     def _own_folder(self, request: SpawnRanks, rank: int) -> list[str]:
         """What a rank confined to its own files may write: a fresh temporary folder (its TMPDIR,
-        removed with the kernel's folder), its stack file, /dev/null and /dev/shm."""
+        removed when the rank ends), its stack file, /dev/null and /dev/shm."""
         folder = os.path.dirname(self.path)
         own = self._own_folder_path(request.pool_id, request.generation, rank)
         os.makedirs(own, mode=0o700, exist_ok=True)
         os.environ["TMPDIR"] = own
         tempfile.tempdir = own
-        stack = os.path.join(folder, f"{request.pool_id}-{request.generation}-{rank}.stack")
+        stack = protocol.stack_file(folder, request.pool_id, request.generation, rank)
         open(stack, "a").close()  # the rank opens it to append: it must exist before the rules are made
         return [own, stack, os.devnull, "/dev/shm"]
 

@@ -260,6 +260,12 @@ class _MessageUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused to unpickle {module}.{name} in a distlab message")
 
 
+def stack_file(folder: str, pool_id: str, generation: int, rank: int) -> str:
+    """Where a local rank's faulthandler writes its stack: named in one place for the kernel (which
+    reads it), the launcher (which lets a confined rank write it) and the rank."""
+    return os.path.join(folder, f"{pool_id}-{generation}-{rank}.stack")
+
+
 def encode(message: Message) -> bytes:
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 

@@ -140,7 +140,7 @@ class Rank:
             import tempfile
 
             return os.path.join(tempfile.gettempdir(), f"distlab-{os.getpid()}.stack")
-        return os.path.join(os.path.dirname(spec.hub_path), f"{spec.pool_id}-{spec.generation}-{spec.rank}.stack")
+        return protocol.stack_file(os.path.dirname(spec.hub_path), spec.pool_id, spec.generation, spec.rank)
 
     def _in_forked_child(self) -> bool:
         """True in a child a cell made with ``os.fork()``: it runs on, but is not this rank
