@@ -45,6 +45,8 @@ _WRITE = _WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # REMOVE_DIR ... M
 _TRUNCATE = 1 << 14
 _FILE_ACCESS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE
 _PR_SET_NO_NEW_PRIVS = 38
+# what a rank confined to its own folder may write besides it (and its stack file)
+SHARED_WRITABLE = (os.devnull, "/dev/shm")
 
 
 class _PathBeneath(ctypes.Structure):

@@ -179,6 +179,8 @@ class Launcher:
     def _own_folder(self, request: SpawnRanks, rank: int) -> list[str]:
         """What a rank confined to its own files may write: a fresh temporary folder (its TMPDIR,
         removed when the rank ends), its stack file, /dev/null and /dev/shm."""
+        from distlab import confine
+
         folder = os.path.dirname(self.path)
         own = self._own_folder_path(request.pool_id, request.generation, rank)
         os.makedirs(own, mode=0o700, exist_ok=True)
@@ -186,7 +188,7 @@ class Launcher:
         tempfile.tempdir = own
         stack = protocol.stack_file(folder, request.pool_id, request.generation, rank)
         open(stack, "a").close()  # the rank opens it to append: it must exist before the rules are made
-        return [own, stack, os.devnull, "/dev/shm"]
+        return [own, stack, *confine.SHARED_WRITABLE]
 
     def _own_folder_path(self, pool_id: str, generation: int, rank: int) -> str:
         return os.path.join(os.path.dirname(self.path), f"tmp-{pool_id}-{generation}-{rank}")

@@ -182,17 +182,18 @@ def make_start_method_repeatable() -> None:
     method Python fixed by itself gives way to the one a cell asks for; changing a method a cell
     set still fails, as it should."""
     original = multiprocessing.set_start_method
-    set_by_a_cell: list[str] = []
+    set_by_a_cell = False
 
     def set_start_method(method: str | None, force: bool = False) -> None:
+        nonlocal set_by_a_cell
         current = multiprocessing.get_start_method(allow_none=True)
         if not force and method is not None and current == method:
-            set_by_a_cell[:] = [method]
+            set_by_a_cell = True
             return None
         if current is not None and not set_by_a_cell:
             force = True  # Python fixed it on first use; no cell chose it
         original(method, force)
-        set_by_a_cell[:] = [method] if method is not None else []
+        set_by_a_cell = method is not None
         return None
 
     set_start_method.__doc__ = original.__doc__

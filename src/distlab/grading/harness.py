@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import builtins
 import linecache
-import os
 import sys
 import tempfile
 import traceback
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from distlab import confine
 from distlab.errors import SubmissionFailed, SubmissionNotLoaded
 from distlab.grading import sandbox
 from distlab.grading.guard import CommGuard
@@ -50,7 +50,7 @@ def load_namespace(submission: Submission, guard: CommGuard) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "__submission__", "__builtins__": builtins}
     exec(compile(submission.setup_source, "<setup cell>", "exec"), namespace)
     # after the trusted setup, before the student's code; the rank's TMPDIR is its own (launcher)
-    sandbox.install(submission.protected, (tempfile.gettempdir(), os.devnull, "/dev/shm"))
+    sandbox.install(submission.protected, (tempfile.gettempdir(), *confine.SHARED_WRITABLE))
     source = submission.source or ""
     linecache.cache[SUBMISSION_FILE] = (len(source), None, source.splitlines(True), SUBMISSION_FILE)
     try:
