@@ -103,6 +103,26 @@ def test_a_cell_runs_on_four_ranks_over_two_nodes(kernel: KernelSession) -> None
     assert "<caption>rank 0 @dlnode1</caption>" in tables and "<caption>rank 3 @dlnode2</caption>" in tables
 
 
+def test_ranks_placed_unevenly_know_how_many_share_their_node(cluster: SlurmCluster) -> None:
+    """srun puts 3 ranks on 2 nodes as 2 + 1, and no SLURM variable says "1" on the second node
+    unless --ntasks-per-node was given (and in an allocation made with it, the variable says the
+    allocation's 2). Code that sizes its threads or its GPU groups by LOCAL_WORLD_SIZE needs the truth."""
+    session = KernelSession()
+    try:
+        start = session.execute(f'%load_ext distlab\n%dist_start -n 3 --launcher slurm --iface {NETWORK} '
+                                f'--srun-args "--nodes=2"', timeout=180)
+        assert start.error is None, start.traceback + cluster.logs()
+        assert "ranks 0-1 on node dlnode1; rank 2 on node dlnode2" in start.stdout, start.stdout
+        reply = session.execute("%%dist\nimport os\nprint(*(os.environ[v] for v in "
+                                "('LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK')), local_rank)")
+        assert reply.error is None, reply.traceback
+        assert sorted(reply.stdout.splitlines()) == ["[rank 0 @dlnode1] 0 2 0 0", "[rank 1 @dlnode1] 1 2 0 1",
+                                                     "[rank 2 @dlnode2] 0 1 1 0"], reply.stdout
+    finally:
+        session.shutdown()
+        _wait_no_jobs(cluster)
+
+
 def test_a_rank_that_raises_fails_the_cell_naming_rank_and_node(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nif rank == 3:\n    raise ValueError('boom on three')\nt = torch.ones(1)\n"
                            "dist.all_reduce(t)", timeout=120)

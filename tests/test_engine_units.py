@@ -79,6 +79,15 @@ def test_rank_lists() -> None:
     assert rank_label([4]) == "rank 4"
 
 
+def test_ranks_are_placed_by_the_host_they_run_on() -> None:
+    """Joined ranks learn LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK from this count: srun's
+    cyclic order (a, b, a, b) and an uneven 2 + 1 both come out as torchrun would number them."""
+    from distlab.pool import placement
+
+    assert placement({0: "a", 1: "b", 2: "a", 3: "b"}) == {0: (0, 0, 2), 1: (1, 0, 2), 2: (0, 1, 2), 3: (1, 1, 2)}
+    assert placement({2: "n2", 0: "n1", 1: "n1"}) == {0: (0, 0, 2), 1: (0, 1, 2), 2: (1, 0, 1)}
+
+
 def test_backend_selection() -> None:
     assert resolve_backend("gloo", 4, gpus=8) == "gloo"
     assert resolve_backend("auto", 4, gpus=0) == "gloo"

@@ -17,7 +17,9 @@ DISTLAB_IFACE          the network interface the ranks use (GLOO_/NCCL_SOCKET_IF
                        or as a subnet ("10.1.0.0/16": each host uses its interface in it)
 rank, world size       SLURM_PROCID / SLURM_NTASKS, else RANK / WORLD_SIZE (torchrun), else
                        OMPI_COMM_WORLD_RANK / _SIZE or PMI_RANK / PMI_SIZE (MPI launchers)
-local rank             SLURM_LOCALID, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID
+local rank             SLURM_LOCALID, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, else
+                       its place among the ranks on its host (the kernel counts them, and sets
+                       LOCAL_WORLD_SIZE and GROUP_RANK from that count for every launcher)
 =====================  =====================================================================
 """
 
@@ -95,7 +97,7 @@ def main(env: dict[str, str] | None = None) -> int:
     env = dict(os.environ if env is None else env)
     rank = int(_first(env, _RANK_VARS))
     world_size = int(_first(env, _SIZE_VARS))
-    local_rank = int(_first(env, _LOCAL_VARS, str(rank)))
+    local_rank = int(_first(env, _LOCAL_VARS, "-1"))  # -1: the kernel places it
     local_world = int(_first(env, _LOCAL_SIZE_VARS, "0"))
     pool_id, _, generation = env["DISTLAB_POOL"].partition(":")
     iface, address = local_interface(env.get("DISTLAB_IFACE", ""))

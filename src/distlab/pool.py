@@ -41,6 +41,17 @@ STACK_WAIT = 1.0
 EXIT_CODE_WAIT = 1.0
 
 
+def placement(nodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
+    """Each rank's (node rank, local rank, local world size) from the host each rank runs on:
+    hosts in order of their lowest rank, ranks on a host in rank order (torchrun's numbering)."""
+    hosts = list(dict.fromkeys(nodes[rank] for rank in sorted(nodes)))
+    places = {}
+    for rank, node in nodes.items():
+        neighbours = sorted(r for r, other in nodes.items() if other == node)
+        places[rank] = (hosts.index(node), neighbours.index(rank), len(neighbours))
+    return places
+
+
 @dataclass
 class RankHandle:
     rank: int
@@ -123,8 +134,11 @@ class Pool:
             print(tr("distlab: NCCL needs one GPU per rank, and a node has fewer ({nodes}): the ranks use gloo instead.",
                      nodes="; ".join(refusals)), flush=True)
         address, _, port = hellos[0].store.rpartition(":")
-        for handle in self.handles.values():
-            protocol.send(handle.conn, protocol.Rendezvous(address, int(port), self.backend))
+        places = placement(self.nodes)
+        for rank, handle in self.handles.items():
+            node_rank, local_rank, local_world_size = places[rank]
+            protocol.send(handle.conn, protocol.Rendezvous(address, int(port), self.backend,
+                                                           node_rank, local_rank, local_world_size))
         self._rendezvous_sent = True
 
     def _srun_log(self) -> str:

@@ -128,12 +128,18 @@ class ControlHello:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Sent to every joined rank once all have said hello: where rank 0's TCPStore listens, and
-    the backend every rank uses (gloo when some node has too few GPUs for nccl)."""
+    """Sent to every joined rank once all have said hello: where rank 0's TCPStore listens, the
+    backend every rank uses (gloo when some node has too few GPUs for nccl), and where the rank
+    sits among the hosts. Only the kernel sees every host, so it counts the ranks on each: a
+    launcher's own figures can be the allocation's, not the step's (srun --ntasks=3 in
+    `salloc --ntasks-per-node=2` still says 2 per node on the node that runs 1)."""
 
     master_addr: str
     master_port: int
     backend: str
+    node_rank: int = 0  # the host's place, hosts in order of their lowest rank (torchrun's GROUP_RANK)
+    local_rank: int = 0  # the rank's place among the ranks on its host
+    local_world_size: int = 1  # how many ranks its host runs
     kind: Literal["rendezvous"] = "rendezvous"
 
 

@@ -106,6 +106,7 @@ class Rank:
         self.send(RankHello(spec.pool_id, spec.generation, spec.rank, os.getpid(), spec.node, spec.store_addr,
                             self._nccl_refusal()))
         self.master_addr, self.master_port = "127.0.0.1", spec.store_port
+        self.node_rank = 0  # which host, in order of their lowest rank (set by the rendezvous)
         if spec.joined:
             self._start_control()
         self.output = CapturedOutput(spec.rank, self.send)
@@ -122,6 +123,10 @@ class Rank:
         self.device = self._join(store_socket)
         self.namespace = self._namespace()
 
+    @property
+    def local_rank(self) -> int:
+        return self.spec.rank if self.spec.local_rank < 0 else self.spec.local_rank
+
     def _nccl_refusal(self) -> str:
         """Why NCCL cannot work for this joined rank ("" if it can): NCCL refuses two ranks on one
         GPU, and only the node itself can count its GPUs. The kernel then moves every rank to gloo."""
@@ -129,8 +134,7 @@ class Rank:
         if not spec.joined or spec.backend != "nccl":
             return ""
         gpus = torch.cuda.device_count()
-        local_rank = spec.rank if spec.local_rank < 0 else spec.local_rank
-        if local_rank < gpus:
+        if self.local_rank < gpus:
             return ""
         return f"{spec.node}: {spec.local_world_size or spec.world_size} ranks, {gpus} GPUs"
 
@@ -193,19 +197,23 @@ class Rank:
         if not isinstance(message, protocol.Rendezvous):
             raise RuntimeError(f"expected the rendezvous, got {type(message).__name__}")
         self.master_addr, self.master_port = message.master_addr, message.master_port
-        if message.backend != self.spec.backend:  # every rank moved to gloo: see _nccl_refusal
-            self.spec = dataclasses.replace(self.spec, backend=message.backend)
+        self.node_rank = message.node_rank
+        # the launcher's local rank binds GPUs (SLURM_LOCALID), so it stays when there is one; the
+        # kernel's count of ranks per host is the local world size (see protocol.Rendezvous)
+        self.spec = dataclasses.replace(self.spec, backend=message.backend,  # gloo: see _nccl_refusal
+                                        local_rank=self.spec.local_rank if self.spec.local_rank >= 0 else message.local_rank,
+                                        local_world_size=message.local_world_size)
 
     def _join(self, store_socket: socket.socket | None) -> torch.device:
         spec = self.spec
         if spec.joined:
             self._rendezvous()
-        local_rank = spec.rank if spec.local_rank < 0 else spec.local_rank
-        local_world = spec.local_world_size or spec.world_size
+        spec = self.spec  # the rendezvous may have placed the rank and changed the backend
+        local_rank, local_world = self.local_rank, spec.local_world_size or spec.world_size
         # what torchrun gives its workers, so code that reads them (or asks
         # dist.is_torchelastic_launched(), as Lightning and torchtitan do) finds a torchrun world
         # (on another host a real launcher, torchrun itself perhaps, may have set them: they stay)
-        elastic = {"GROUP_RANK": os.environ.get("SLURM_NODEID", str(spec.rank // local_world)) if spec.joined else "0",
+        elastic = {"GROUP_RANK": str(self.node_rank),
                    "ROLE_RANK": str(spec.rank), "ROLE_WORLD_SIZE": str(spec.world_size), "ROLE_NAME": "default",
                    "TORCHELASTIC_RUN_ID": spec.pool_id, "TORCHELASTIC_RESTART_COUNT": "0",
                    "TORCHELASTIC_MAX_RESTARTS": "0"}
@@ -218,7 +226,6 @@ class Rank:
             "MASTER_PORT": str(spec.scripts_port or self.master_port),
         })
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        spec = self.spec  # the rendezvous may have changed the backend
         if spec.backend == "nccl":
             gpus = torch.cuda.device_count()
             if local_rank >= gpus:  # NCCL refuses two ranks on one GPU: say so before it does
@@ -248,7 +255,7 @@ class Rank:
         namespace = module.__dict__
         self._given = {
             "rank": self.spec.rank, "world_size": self.spec.world_size,
-            "local_rank": self.spec.rank if self.spec.local_rank < 0 else self.spec.local_rank,
+            "local_rank": self.local_rank,
             "device": self.device, "torch": torch, "dist": dist,
             "display": make_display(self.spec.rank, self.send, self.output),
         }
