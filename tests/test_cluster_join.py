@@ -172,6 +172,29 @@ def test_the_secret_is_never_on_a_command_line_and_only_the_user_reads_it(joined
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_text() == key
 
 
+def test_a_key_folder_the_nodes_share_can_replace_the_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster whose nodes do not see the kernel's home, DISTLAB_KEY_DIR names a folder they do."""
+    monkeypatch.setenv("DISTLAB_KEY_DIR", str(tmp_path / "shared"))
+    sink = Quiet()
+    pool = Pool(2, "gloo", sink=sink, cluster=ClusterLaunch("external", "lo"), eager_restart=False)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        pool.start()
+    env = _join_env(printed.getvalue())
+    key_file = Path(env["DISTLAB_KEY_FILE"])
+    assert key_file.parent == tmp_path / "shared" and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    procs = _launch(env, 2)
+    try:
+        pool.ensure_ready()
+        pool.run_cell("print(rank)", "<c>")
+        assert sorted(sink.lines) == [f"[rank {r} @{socket.gethostname()}] {r}" for r in range(2)]
+    finally:
+        pool.stop()
+        assert wait_gone([p.pid for p in procs], within=10.0) == []
+        for proc in procs:
+            proc.wait()
+
+
 def test_the_kernel_listens_on_the_named_interface_only(joined) -> None:  # type: ignore[no-untyped-def]
     pool, _, _ = joined
     address = pool.hub.listen_tcp("127.0.0.1")
@@ -259,6 +282,8 @@ def test_every_launcher_s_rank_variables_are_read(tmp_path: Path) -> None:
     key = tmp_path / "k"
     key.write_text("ab" * 32)
     assert join.read_key({"DISTLAB_KEY_FILE": str(key)}) == bytes.fromhex("ab" * 32)
+    with pytest.raises(PoolDied, match="key file .*/gone.key is not here.* DISTLAB_KEY_DIR"):  # a home the node lacks
+        join.read_key({"DISTLAB_KEY_FILE": str(tmp_path / "gone.key")})
 
 
 def test_nccl_on_a_node_without_enough_gpus_says_why_and_falls_back_to_gloo() -> None:

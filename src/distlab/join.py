@@ -9,7 +9,8 @@ Everything comes from the environment, never the command line (which ``ps`` show
 
 =====================  =====================================================================
 DISTLAB_HUB            "address:port" the kernel listens on (``%dist_start --iface IFACE``)
-DISTLAB_KEY_FILE       a file readable only by the user holding the pool's secret (hex), or
+DISTLAB_KEY_FILE       a file readable only by the user holding the pool's secret (hex), in
+                       ~/.distlab or the kernel's DISTLAB_KEY_DIR (a folder the nodes share), or
 DISTLAB_KEY            the secret itself, in the environment
 DISTLAB_POOL           the pool's id and generation, "id:generation"
 DISTLAB_BACKEND        gloo or nccl
@@ -86,8 +87,14 @@ def local_interface(spec: str) -> tuple[str, str]:
 def read_key(env: dict[str, str]) -> bytes:
     path = env.get("DISTLAB_KEY_FILE")
     if path:
-        with open(path) as handle:
-            return bytes.fromhex(handle.read().strip())
+        try:
+            with open(path) as handle:
+                return bytes.fromhex(handle.read().strip())
+        except FileNotFoundError:
+            raise PoolDied(f"distlab.join on {socket.gethostname()}: the pool's key file {path} is not here. The "
+                           f"kernel writes it in ~/.distlab, which every node must see: start JupyterLab from a "
+                           f"home the nodes share, or set DISTLAB_KEY_DIR to a shared folder before "
+                           f"%load_ext distlab") from None
     if env.get("DISTLAB_KEY"):
         return bytes.fromhex(env["DISTLAB_KEY"])
     raise PoolDied("distlab.join: neither DISTLAB_KEY_FILE nor DISTLAB_KEY is set")

@@ -116,7 +116,7 @@ class Pool:
         else:
             hub = self.hub.listen_tcp(self.cluster.address())
             env = self.cluster.environment(hub, self.hub.key, self.pool_id, self.generation, self.backend,
-                                           os.path.join(os.path.expanduser("~"), ".distlab"))
+                                           os.environ.get("DISTLAB_KEY_DIR") or os.path.expanduser("~/.distlab"))
             note = self.cluster.start(self.world_size, env, self._srun_log())
             if note:
                 print(note, flush=True)
