@@ -145,6 +145,78 @@ def test_grading_ranks_cannot_import_the_reference_or_run_programs() -> None:
     assert "start other programs (os.fork)" in forked[0][2], forked[0][2]
 
 
+# Routes Python raises no audit event for. The sandbox replaces them with refusals that say why;
+# a submission that makes itself fresh copies of the modules (importlib) meets the kernel instead.
+UNAUDITED = """import importlib.util, multiprocessing, os, sys
+from multiprocessing import util
+
+def _fresh(name):
+    return importlib.util.module_from_spec(importlib.util.find_spec(name))
+
+def all_reduce_rs_ag(tensor, op=None, group=None):
+    {attack}
+    raise RuntimeError("ESCAPED")
+"""
+ATTACKS = {
+    "spawn": ('p = multiprocessing.get_context("spawn").Process(target=print)\n    p.start()\n    p.join()',
+              "start other programs (_posixsubprocess.fork_exec)"),
+    "pidfd": ("import signal\n    signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)",
+              "signal other processes (signal.pidfd_send_signal)"),
+    "fresh fork_exec": ('sys.modules["_posixsubprocess"] = _fresh("_posixsubprocess")\n'
+                        '    util.spawnv_passfds(b"/bin/true", [b"true"], ())', "Operation not permitted"),
+    "fresh pidfd": ('_fresh("_signal").pidfd_send_signal(os.pidfd_open(os.getppid()), 0)', "Operation not permitted"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's refusals (Landlock, seccomp) are Linux's")
+def test_grading_ranks_start_no_program_and_signal_no_one_by_routes_without_an_audit_event() -> None:
+    """multiprocessing's spawn starts a fresh Python without the audit hook (which could then
+    kill the grader); pidfd_send_signal kills without os.kill. Both fail, in words where Python
+    can say it, and by the kernel where the submission got past Python."""
+    for name, (attack, refused) in ATTACKS.items():
+        graded = _grade(UNAUDITED.format(attack=attack), ())
+        assert not any(passed for _, passed, _ in graded), name
+        assert refused in graded[0][2] and "ESCAPED" not in graded[0][2], (name, graded[0][2])
+
+
+FORBIDDEN_PROCESSES = r'''
+import os, signal, subprocess, sys, tempfile, threading
+import torch
+from distlab import confine
+
+own = tempfile.mkdtemp()
+assert confine.confine([], [own]) and confine.forbid_new_processes()
+said = []
+for name, attempt in (("fork", os.fork), ("program", lambda: subprocess.run(["true"])),
+                      ("pidfd", lambda: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)),
+                      ("kill", lambda: os.kill(os.getppid(), 0) if confine.signals_scoped() else 1 / 0)):
+    try:
+        if attempt() == 0:
+            os._exit(0)  # a child that got through
+        said.append(name + ":allowed")
+    except (OSError, ZeroDivisionError) as refused:
+        said.append(f"{name}:{type(refused).__name__}")
+threads = [threading.Thread(target=lambda: said.append("thread")) for _ in range(3)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+torch.set_num_threads(2)
+said.append(str(int(torch.ones(512, 512).mm(torch.ones(512, 512))[0, 0])))
+print(" ".join(said))
+'''
+
+
+@pytest.mark.skipif(not confine.available(), reason="this kernel does not enforce Landlock (Linux 5.13+)")
+def test_a_confined_rank_starts_threads_but_no_process_and_signals_no_one_outside() -> None:
+    done = subprocess.run([sys.executable, "-c", FORBIDDEN_PROCESSES], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    kill = "kill:PermissionError" if confine.signals_scoped() else "kill:ZeroDivisionError"  # Linux < 6.12: no scope
+    assert done.stdout.split() == ["fork:PermissionError", "program:PermissionError", "pidfd:PermissionError", kill,
+                                   "thread", "thread", "thread", "512"], done.stdout
+
+
 # signal 0 only asks whether a signal could be sent: if the refusal ever broke, nothing is hurt
 SIGNAL_OTHERS = """import os
 def all_reduce_rs_ag(tensor, op=None, group=None):

@@ -26,6 +26,14 @@ So a grading rank may create, change and remove files only in a folder of its ow
 its stack file, ``/dev/null`` and ``/dev/shm``. Listing folders is left to the audit hook. Where
 Landlock is missing (another OS, an older kernel), :func:`confine` returns False and the audit
 hook stands alone.
+
+Programs and signals: the audit hook refuses ``subprocess``, ``os.fork`` and ``os.kill``, but
+Python has routes with no audit event: ``_posixsubprocess.fork_exec`` (which multiprocessing's
+spawn context uses, and whose child is a fresh Python without the hook) and
+``signal.pidfd_send_signal`` (one call from killing the grader). So a rank confined to its own
+files may also start no program (Landlock refuses every exec), signal no process outside its
+own domain (Landlock's signal scope, Linux 6.12+) and create no process at all, only threads
+(:func:`forbid_new_processes`, a seccomp filter): a fork bomb has nowhere to start.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ _WRITE = _WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # REMOVE_DIR ... M
 _TRUNCATE = 1 << 14
 _FILE_ACCESS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE
 _PR_SET_NO_NEW_PRIVS = 38
+_SCOPE_SIGNAL, _SCOPE_ABI = 1 << 1, 6  # struct landlock_ruleset_attr grew a third field, "scoped"
 # what a rank confined to its own folder may write besides it (and its stack file)
 SHARED_WRITABLE = (os.devnull, "/dev/shm")
 
@@ -68,6 +77,13 @@ def available() -> bool:
     libc = _libc()
     return libc is not None and libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0),
                                              ctypes.c_uint32(_CREATE_RULESET_VERSION)) >= 1
+
+
+def signals_scoped() -> bool:
+    """Whether this kernel keeps a confined rank's signals inside it (Landlock ABI 6, Linux 6.12)."""
+    libc = _libc()
+    return libc is not None and libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0),
+                                             ctypes.c_uint32(_CREATE_RULESET_VERSION)) >= _SCOPE_ABI
 
 
 def _ancestors(path: str) -> list[str]:
@@ -100,8 +116,13 @@ def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
         return False
     abi = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
     write = (_WRITE | (_TRUNCATE if abi >= 3 else 0)) if writable is not None else 0
-    handled = ctypes.c_uint64(_READ_FILE | write)  # struct landlock_ruleset_attr, first field only
-    ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    # a rank confined to its own files runs no program (no rule grants _EXECUTE) and, where the
+    # kernel can, signals no process outside its domain
+    handled_fs = _READ_FILE | write | (_EXECUTE if writable is not None else 0)
+    scoped = _SCOPE_SIGNAL if writable is not None and abi >= _SCOPE_ABI else 0
+    attr = (ctypes.c_uint64 * 3)(handled_fs, 0, scoped)  # handled_access_fs, handled_access_net, scoped
+    ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24 if scoped else 8),
+                           ctypes.c_uint32(0))
     if ruleset < 0:
         return False
     try:
@@ -141,6 +162,68 @@ def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
         return libc.syscall(_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) == 0
     finally:
         os.close(ruleset)
+
+
+# seccomp: struct sock_filter instructions, and the syscalls that make processes, per architecture
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+_CLONE_THREAD = 0x00010000
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+# audit arch -> (clone, clone3, the others refused outright: fork, vfork, pidfd_send_signal)
+_PROCESS_CALLS = {
+    "x86_64": (0xC000003E, 56, 435, (57, 58, 424)),
+    "aarch64": (0xC00000B7, 220, 435, (424,)),
+}
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32))
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter)))
+
+
+def _process_filter(arch: int, clone: int, clone3: int, refused: tuple[int, ...],
+                    x32: bool) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k): threads (clone with CLONE_THREAD) pass; other clones, fork,
+    vfork and pidfd_send_signal fail with EPERM; clone3 says ENOSYS, so the C library falls back
+    to clone for its threads. Another architecture's calls (or x32's) are refused."""
+    program: list[tuple[int, int, str | None, str | None]] = [  # (code, k, jump if true, jump if false)
+        (_LD_ABS, 4, None, None),  # seccomp_data.arch
+        (_JEQ, arch, None, "eperm"),
+        (_LD_ABS, 0, None, None),  # seccomp_data.nr
+        *([(_JGE, 0x40000000, "eperm", None)] if x32 else []),
+        *[(_JEQ, number, "eperm", None) for number in refused],
+        (_JEQ, clone3, "enosys", None),
+        (_JEQ, clone, None, "allow"),
+        (_LD_ABS, 16, None, None),  # args[0], the clone flags (low 32 bits)
+        (_JSET, _CLONE_THREAD, "allow", "eperm"),
+    ]
+    labels = {"allow": len(program), "eperm": len(program) + 1, "enosys": len(program) + 2}
+
+    def offset(at: int, label: str | None) -> int:
+        return 0 if label is None else labels[label] - at - 1
+
+    return [(code, offset(at, jt), offset(at, jf), k) for at, (code, k, jt, jf) in enumerate(program)] + [
+        (_RET, 0, 0, _ALLOW), (_RET, 0, 0, _ERRNO | 1), (_RET, 0, 0, _ERRNO | 38)]  # EPERM, ENOSYS
+
+
+def forbid_new_processes() -> bool:
+    """From now on this process, and its threads, may start threads but no process (no fork, no
+    spawn, no vfork) and may not signal through a pidfd. True when the kernel enforces it
+    (Linux x86_64 or aarch64); False, nothing changed, elsewhere."""
+    libc = _libc()
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    if libc is None or machine not in _PROCESS_CALLS:
+        return False
+    arch, clone, clone3, refused = _PROCESS_CALLS[machine]
+    program = _process_filter(arch, clone, clone3, refused, x32=machine == "x86_64")
+    filters = (_SockFilter * len(program))(*(_SockFilter(*instruction) for instruction in program))
+    prog = _SockFprog(len(program), filters)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0
 
 
 def limit_memory(limit: int) -> None:

@@ -161,6 +161,8 @@ class Launcher:
 
                 writable = self._own_folder(request, rank) if request.writes_confined else None
                 confine.confine(request.unreadable, writable)
+                if request.writes_confined:  # a grading rank: threads, but no process of its own
+                    confine.forbid_new_processes()
                 if request.memory_limit:
                     confine.limit_memory(request.memory_limit)
             from distlab.worker import RankSpec, rank_main

@@ -25,6 +25,10 @@ removed from Python once added. It refuses:
 
 The hook sees Python's opens only; files C++ opens (``torch.from_file``) are kept out of reach by
 the kernel, where it can (:mod:`distlab.confine`, applied when the grading ranks are forked).
+Two routes raise no audit event at all, ``_posixsubprocess.fork_exec`` (multiprocessing's spawn
+context uses it) and ``signal.pidfd_send_signal``: they are replaced by refusals here, and the
+kernel refuses them again for code that finds the originals (no exec, no new process, no signal
+out of the rank).
 
 It is defence in depth, not a sandbox: grade untrusted code in a container or VM as well.
 """
@@ -188,3 +192,26 @@ def install(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
                         raise PermissionError(f"{REFUSED} write outside their temporary folder ({event} {path})")
 
     sys.addaudithook(hook)
+    _refuse_unaudited_routes()
+
+
+def _refuse_unaudited_routes() -> None:
+    """Two routes Python raises no audit event for: ``_posixsubprocess.fork_exec`` (subprocess and
+    multiprocessing's spawn start programs through it) and ``signal.pidfd_send_signal``. A
+    submission that finds the real functions again meets the kernel instead (distlab.confine:
+    no exec, no process, no signal out); this only says why in words."""
+    try:
+        import _posixsubprocess
+    except ImportError:  # not POSIX
+        return
+    import signal
+
+    def fork_exec(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(f"{REFUSED} start other programs (_posixsubprocess.fork_exec)")
+
+    def pidfd_send_signal(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(f"{REFUSED} signal other processes (signal.pidfd_send_signal)")
+
+    _posixsubprocess.fork_exec = fork_exec
+    if hasattr(signal, "pidfd_send_signal"):
+        signal.pidfd_send_signal = pidfd_send_signal
