@@ -86,6 +86,19 @@ def test_interrupt_kills_ranks_stuck_in_a_collective(kernel: KernelSession) -> N
     _next_cell_works(kernel, 2)
 
 
+def test_an_interrupt_while_ranks_start_says_nothing_ran_and_the_next_cell_works(kernel: KernelSession) -> None:
+    """The stop button pressed while the ranks are still starting (here: ranks another launcher
+    should start, which never come) gives one line, not distlab's own wait in a traceback."""
+    reply = kernel.execute("%dist_start -n 2 --launcher external --iface lo",
+                           interrupt_on=("waiting for 2 ranks", 1))
+    assert reply.error is not None and reply.error["ename"] == "CellInterrupted", reply.traceback
+    assert reply.traceback.strip() == ("CellInterrupted: interrupted while the ranks were starting: nothing ran "
+                                       "on them. The next cell waits for them again."), reply.traceback
+    assert reply.stderr == ""
+    assert kernel.execute("%dist_start -n 2 --launcher local").error is None
+    _next_cell_works(kernel, 2)
+
+
 CRASHES = {
     "os._exit(3)": ("import os\nos._exit(3)", "exited with code 3"),
     "SIGKILL": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),

@@ -87,6 +87,10 @@ ZH: dict[str, str] = {
     "interrupted; {ranks} did not stop within {grace} s and were killed":
         "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
     "interrupted: every rank stopped": "已中断：每个 rank 都已停止",
+    "interrupted while the ranks were starting: nothing ran on them. The next cell waits for them again.":
+        "在 rank 启动期间被中断：它们什么都没有运行。下一个单元格会再次等待它们就绪。",
+    "interrupted while the old ranks were stopping: they are stopped, nothing ran. The next cell starts {n} fresh ranks.":
+        "在旧的 rank 停止期间被中断：它们已经停止，什么都没有运行。下一个单元格会启动 {n} 个全新的 rank。",
     "Rank state was lost: every rank was stopped and the pool restarted with {n} fresh ranks ({backend}).":
         "rank 上的状态已丢失：每个 rank 都被停止，rank 池已用 {n} 个全新的 rank 重启（{backend}）。",
     "the rank process ended (exit status unknown)": "rank 进程结束了（退出状态未知）",

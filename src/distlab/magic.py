@@ -20,7 +20,7 @@ from IPython.display import publish_display_data
 
 from distlab.backends import BACKENDS, resolve_backend
 from distlab.cluster import LAUNCHERS, LOCAL, Settings, launch_for, settings_of
-from distlab.errors import BackendUnavailable
+from distlab.errors import BackendUnavailable, CellInterrupted
 from distlab.i18n import tr
 from distlab.pool import Pool, traces_of
 from distlab.records import CallRecord
@@ -103,10 +103,14 @@ class Session:
             print(tr("distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
                      "Variables on the old ranks are gone.", n=world_size, backend=fresh.backend,
                      old=pool.world_size, old_backend=pool.backend))
-        if pool is not None:
-            pool.stop()
         self.pool = fresh
-        return self.pool
+        if pool is not None:
+            try:
+                pool.stop()
+            except KeyboardInterrupt:  # stop() ended the old ranks all the same
+                raise CellInterrupted(tr("interrupted while the old ranks were stopping: they are stopped, "
+                                         "nothing ran. The next cell starts {n} fresh ranks.", n=world_size)) from None
+        return fresh
 
     def close(self) -> None:
         if self.pool is not None:

@@ -158,16 +158,25 @@ class Pool:
         return said
 
     def ensure_ready(self, timeout: float = START_TIMEOUT) -> None:
-        self.start()
-        if self.cluster is None:
-            self._wait_ready(timeout)
-            return
-        try:  # an interrupted or failed start leaves nothing queued or running on the cluster
-            self._wait_ready(timeout)
-        except BaseException:
-            if not all(h.ready for h in self.handles.values()) or len(self.handles) < self.world_size:
-                self._kill()
+        """Start the ranks if need be and wait until every one is ready. An interrupt here says
+        in one line that nothing ran (not distlab's own traceback); locally the ranks go on
+        starting, so the next cell finds them sooner."""
+        try:
+            self.start()
+            if self.cluster is None:
+                self._wait_ready(timeout)
+                return
+            try:  # an interrupted or failed start leaves nothing queued or running on the cluster
+                self._wait_ready(timeout)
+            except BaseException:
+                if not all(h.ready for h in self.handles.values()) or len(self.handles) < self.world_size:
+                    self._kill()
+                raise
+        except CellInterrupted:
             raise
+        except KeyboardInterrupt:
+            raise CellInterrupted(tr("interrupted while the ranks were starting: nothing ran on them. "
+                                     "The next cell waits for them again.")) from None
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -234,11 +243,13 @@ class Pool:
             except OSError:
                 pass
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and self.hub.alive():
-            if len(self.hub.exits(self.pool_id, self.generation)) >= len(self.handles):
-                break
-            self.hub.wait([], 0.02)
-        self._kill()
+        try:
+            while time.monotonic() < deadline and self.hub.alive():
+                if len(self.hub.exits(self.pool_id, self.generation)) >= len(self.handles):
+                    break
+                self.hub.wait([], 0.02)
+        finally:  # interrupted while they leave: they end all the same
+            self._kill()
 
     def restart(self) -> None:
         self.stop()
