@@ -162,3 +162,15 @@ def test_carriage_returns_end_as_the_line_a_notebook_would_show() -> None:
             sink.output(0, "stderr", text[cut:])
             sink.end()
         assert out.getvalue() == "[rank 0] before\n[rank 0] step 3\n[rank 0] plain\n[rank 0] final\n", cut
+
+
+def test_an_interrupt_says_whether_the_ranks_had_their_grace() -> None:
+    """Pressed once, stuck ranks get a grace before they are killed; pressed twice, they are
+    killed at once, and the message must not claim they were given the grace."""
+    from distlab.pool import INTERRUPT_GRACE, Outcome
+
+    stuck = {0: "", 1: ""}
+    once = Outcome("interrupted", 2, {}, [], stuck).error()
+    twice = Outcome("interrupted", 2, {}, [], stuck, pressed_twice=True).error()
+    assert str(once) == f"interrupted; ranks 0-1 did not stop within {INTERRUPT_GRACE:.0f} s and were killed"
+    assert str(twice) == "interrupted twice; ranks 0-1 were killed at once"

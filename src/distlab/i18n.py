@@ -87,6 +87,7 @@ ZH: dict[str, str] = {
     "interrupted; {ranks} did not stop within {grace} s and were killed":
         "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
     "interrupted: every rank stopped": "已中断：每个 rank 都已停止",
+    "interrupted twice; {ranks} were killed at once": "中断了两次；{ranks} 已被立即强制结束",
     "interrupted while the ranks were starting: nothing ran on them. The next cell waits for them again.":
         "在 rank 启动期间被中断：它们什么都没有运行。下一个单元格会再次等待它们就绪。",
     "interrupted while the old ranks were stopping: they are stopped, nothing ran. The next cell starts {n} fresh ranks.":

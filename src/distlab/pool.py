@@ -536,6 +536,7 @@ class _Waiter:
         self.lost: dict[int, int | None] = {}
         self.first_bad: float | None = None
         self.interrupted_at: float | None = None
+        self.pressed_twice = False
         self.reason = ""
 
     def wait(self, timeout: float) -> None:
@@ -554,6 +555,7 @@ class _Waiter:
                 self._pump(min(end - now, 0.25))
             except KeyboardInterrupt:
                 if self.interrupted_at is not None:
+                    self.pressed_twice = True
                     return  # a second interrupt: stop waiting at once
                 self.interrupted_at = time.monotonic()
                 self._signal_pending(signal.SIGINT)
@@ -623,7 +625,8 @@ class _Waiter:
             status = "lost"
         else:
             status = "failed" if failures else "finished"
-        return Outcome(status, pool.world_size, self.dones, failures, stacks, note, cell_lines, timeout)
+        return Outcome(status, pool.world_size, self.dones, failures, stacks, note, cell_lines, timeout,
+                       self.pressed_twice)
 
 
 Status = Literal["finished", "failed", "lost", "hung", "timed_out", "interrupted"]
@@ -647,6 +650,7 @@ class Outcome:
     note: str = ""  # which node each involved rank ran on, and the restart, if any
     cell_lines: dict[str, list[str]] = field(default_factory=dict)
     timeout: float = 0.0
+    pressed_twice: bool = False  # interrupted again before the ranks' grace ran out
 
     def error(self) -> RankError | RankTimeout | CellInterrupted | None:
         """The exception that renders this outcome in a notebook (None when it finished)."""
@@ -657,9 +661,11 @@ class Outcome:
                 return CellInterrupted(tr("interrupted: every rank stopped"),
                                        "\n".join(filter(None, [failed, self.note])))
             report = format_stacks(self.stacks, self.cell_lines)
+            said = (tr("interrupted twice; {ranks} were killed at once", ranks=rank_label(stuck)) if self.pressed_twice
+                    else tr("interrupted; {ranks} did not stop within {grace} s and were killed",
+                            ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}"))
             return CellInterrupted(
-                tr("interrupted; {ranks} did not stop within {grace} s and were killed",
-                   ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}"),
+                said,
                 "\n".join(filter(None, [failed, report, self.note])))
         if self.status == "timed_out":
             reason = tr("the cell ran past its {timeout} s deadline: {ranks} still running "
