@@ -457,13 +457,16 @@ def test_a_child_forked_in_a_cell_ends_there_and_the_rank_goes_on(kernel: Kernel
 
 
 @pytest.mark.parametrize("line", ['x = torch.ones(2).to(f"cuda:{rank}")',
-                                  'dist.destroy_process_group()\ndist.init_process_group("nccl")'])
+                                  'dist.destroy_process_group()\ndist.init_process_group("nccl")',
+                                  'from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n'
+                                  'FSDP(torch.nn.Linear(2, 2))'])
 def test_code_written_for_gpus_on_a_cpu_machine_gets_a_hint(kernel: KernelSession, line: str) -> None:
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")
     reply = kernel.execute("%%dist\n" + line)
     assert reply.error is not None and reply.stderr == ""
     assert 'init_process_group("gloo")' in reply.traceback and "variable device" in reply.traceback
+    assert "FSDP takes device_id=device" in reply.traceback
     reply = kernel.execute("%%dist\nprint(dist.get_backend(), device)")  # the pool goes on, on its group
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] gloo cpu" for r in range(4)], reply.traceback
 

@@ -146,10 +146,11 @@ ZH: dict[str, str] = {
         "请把它们放到单独的单元格里。）",
     "(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
     "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
-    "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\".)":
+    "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\"; FSDP "
+    "takes device_id=device.)":
         "（这个 rank 没有可用的 GPU。为 GPU 写的代码在这里可以用 CPU 运行：用 init_process_group(\"gloo\")，"
         "并用每个 rank 都有的变量 device（这里是 cpu；在每个 rank 各有一张 GPU 的机器上用 %%dist --backend nccl "
-        "时是 cuda:N）代替 \"cuda\"。）",
+        "时是 cuda:N）代替 \"cuda\"；FSDP 则传入 device_id=device。）",
     "(This rank may hold at most {limit} open files (RLIMIT_NOFILE), and the ranks live on from cell "
     "to cell: a cell that lowered that limit, or left files or sockets open, makes later cells fail "
     "here. Close what you opened, raise the limit with resource.setrlimit, or run %dist_restart for "

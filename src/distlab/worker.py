@@ -472,7 +472,8 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
     if any(sign in _safe_str(exc) for sign in _NO_GPU_SIGNS):
         text += tr("(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
                    "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
-                   "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\".)") + "\n"
+                   "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\"; FSDP "
+                   "takes device_id=device.)") + "\n"
     if "Too many open files" in _safe_str(exc):
         text += _open_files_hint()
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
@@ -491,7 +492,8 @@ def _open_files_hint() -> str:
 
 # what torch says when code written for GPUs meets a machine (or a build) without them
 _NO_GPU_SIGNS = ("doesn't have NCCL built in", "not compiled with CUDA enabled", "Found no NVIDIA driver",
-                 "No CUDA GPUs are available", "NCCL is only supported with GPUs", "has no attribute '_cuda_")
+                 "No CUDA GPUs are available", "NCCL is only supported with GPUs", "has no attribute '_cuda_",
+                 "no accelerator device is detected")  # FSDP without device_id
 
 
 def _ends_with_semicolon(source: str) -> bool:
