@@ -29,6 +29,22 @@ from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assig
 from grader.release import normalise, translate
 
 
+def _why_unreadable(path: Path) -> str | None:
+    """Why a submitted file is no notebook at all (None when it is one): an empty or cut-off
+    upload, another file renamed .ipynb. Said here in a line, instead of nbgrader's traceback."""
+    try:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return "not a notebook: not text"
+    except ValueError as exc:
+        return f"not a notebook: not JSON ({exc})" if path.stat().st_size else "not a notebook: the file is empty"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells", notebook.get("worksheets")), list):
+        return "not a notebook: JSON without a list of cells"
+    return None
+
+
 def _assignment_of(path: Path, wanted: str | None) -> str | None:
     """The assignment a submitted notebook belongs to: by its answer cells' ids, whatever its name."""
     from distlab.grading.catalog import ENTRIES, entry
@@ -93,17 +109,25 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     course = Course(Path(args.course), args.part_timeout, Path(args.course) / "trusted", inbox=folder.resolve())
     taken: set[str] = set()
     jobs: list[Job] = []
+    unreadable: dict[str, str] = {}  # student -> why their file is no notebook
     for path in files:
+        why = _why_unreadable(path)
+        if why is not None:
+            unreadable[student_id(path, taken)] = why
+            continue
         name = _assignment_of(path, args.assignment)
         if name is None:
-            print(f"skipped {path}: not a submission of any known assignment (use -a)", file=sys.stderr)
+            print(f"skipped {path}: it has no answer cell of any known assignment (a notebook of something "
+                  f"else, or its answer cell was deleted: grade it with -a ASSIGNMENT)", file=sys.stderr)
             continue
         jobs.append(course.submit(student_id(path, taken), name, path))
     started = time.monotonic()
     # the trusted checks start first; nbgrader sets up and then autogrades each submission as
     # soon as its result is there, one at a time (the gradebook has one writer)
     workers = Workers(course, jobs, args.jobs, args.part_timeout) if args.jobs > 1 else None
-    progress = Progress(len(jobs))
+    progress = Progress(len(jobs) + len(unreadable))
+    for student, why in unreadable.items():
+        progress.not_a_notebook(student, why)
     try:
         for name in sorted({j.assignment for j in jobs}):
             course.prepare(name)
@@ -147,18 +171,26 @@ class Progress:
         self.total = total
         self.out = out or sys.stdout
         self.times: dict[Job, float] = {}
-        self.failed: list[Job] = []
+        self.failed: list[str] = []  # students
+        self.finished = 0
         self.bar = tqdm(total=total, unit="submission", file=self.out, disable=None,  # None: off unless a terminal
                         leave=False, dynamic_ncols=True)
 
     def done(self, job: Job, score: tuple[float, float] | None, seconds: float) -> None:
         self.times[job] = seconds
-        if score is None:
-            self.failed.append(job)
         shown = "not graded" if score is None else f"{score[0]:g}/{score[1]:g}"
+        self._line(job.student, score is None, f"{job.assignment:<24} {shown:>10}  {seconds:5.1f} s")
+
+    def not_a_notebook(self, student: str, why: str) -> None:
+        """A file nbgrader could not even open: named with the reason, and counted as not graded."""
+        self._line(student, True, f"not graded: {why}")
+
+    def _line(self, student: str, failed: bool, text: str) -> None:
+        self.finished += 1
+        if failed:
+            self.failed.append(student)
         width = len(str(self.total))
-        self.bar.write(f"[{len(self.times):>{width}}/{self.total}] {job.student:<28} {job.assignment:<24} "
-                       f"{shown:>10}  {seconds:5.1f} s", file=self.out)
+        self.bar.write(f"[{self.finished:>{width}}/{self.total}] {student:<28} {text}", file=self.out)
         self.bar.update(1)
         self.out.flush()
 
@@ -167,9 +199,9 @@ class Progress:
         self.bar.close()
 
     def summary(self, wall: float) -> None:
-        graded = len(self.times) - len(self.failed)
+        graded = self.finished - len(self.failed)
         print(f"graded {graded} of {self.total} submissions in {wall:.1f} s; failed to grade: "
-              + (", ".join(j.student for j in self.failed) or "none"), file=self.out)
+              + (", ".join(self.failed) or "none"), file=self.out)
         slowest = sorted(self.times.items(), key=lambda item: -item[1])[:3]
         if slowest:
             print("slowest: " + ", ".join(f"{j.student} {t:.1f} s" for j, t in slowest), file=self.out)

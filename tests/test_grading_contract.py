@@ -287,3 +287,23 @@ def test_every_visible_check_fails_on_the_starter_code(assignment: str) -> None:
     for grade_id, source in checks.items():
         assert source in failed, f"{grade_id} passes on the starter code"
         assert "NotImplementedError" in failed[source], (grade_id, failed[source])
+
+
+def test_a_file_that_is_no_notebook_is_named_not_graded_and_fails_the_run(tmp_path: Path) -> None:
+    """An empty or cut-off upload, or a photo renamed .ipynb: one line saying why, no nbgrader
+    traceback, the rest of the class graded, and a non-zero exit so a script notices."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "ada.ipynb").write_bytes((FIXTURES / ASSIGNMENT / "solution.ipynb").read_bytes())
+    (inbox / "bob.ipynb").write_text("")
+    (inbox / "cy.ipynb").write_text((FIXTURES / ASSIGNMENT / "solution.ipynb").read_text()[:500])
+    (inbox / "dee.ipynb").write_bytes(bytes(range(256)) * 4)
+    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"), "--jobs", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said and "[ERROR]" not in said, said
+    assert "bob                          not graded: not a notebook: the file is empty" in said
+    assert "cy                           not graded: not a notebook: not JSON (" in said
+    assert "dee                          not graded: not a notebook: not text" in said
+    assert "ada                          ex1_all_reduce_rs_ag          10/10" in said
+    assert "graded 1 of 4 submissions" in said and "failed to grade: bob, cy, dee" in said
