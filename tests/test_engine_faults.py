@@ -117,6 +117,21 @@ def test_a_crash_is_reported_with_its_exit_code_or_signal(kernel: KernelSession,
     _next_cell_works(kernel, 2)
 
 
+def test_a_killed_launcher_is_named_and_the_next_cell_works(kernel: KernelSession) -> None:
+    """The process that forks the ranks killed between cells: its ranks end with it, the next
+    cell says so, and the one after runs on ranks a fresh launcher forked."""
+    old = _ready_pids(kernel, 2)
+    launcher = kernel.value(LAUNCHER)
+    assert kernel.execute(f"import os, signal\nos.kill({launcher}, signal.SIGKILL)").error is None
+    assert wait_gone([launcher, *old]) == []
+    reply = kernel.execute("%%dist\nprint(rank)")
+    assert reply.error is not None and reply.error["ename"] == "RankError"
+    assert "the rank ended with its launcher (the process that forks the ranks)" in reply.traceback, reply.traceback
+    assert reply.stderr == ""
+    _next_cell_works(kernel, 2)
+    assert kernel.value(LAUNCHER) != launcher
+
+
 def test_a_crash_during_a_collective_fails_the_cell(kernel: KernelSession) -> None:
     old = _ready_pids(kernel, 4)
     reply = kernel.execute("%%dist\nimport os\nif rank == 1:\n    os._exit(5)\nt = torch.ones(1)\ndist.all_reduce(t)")

@@ -87,6 +87,9 @@ ZH: dict[str, str] = {
     "interrupted; {ranks} did not stop within {grace} s and were killed":
         "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
     "interrupted: every rank stopped": "已中断：每个 rank 都已停止",
+    "the rank ended with its launcher (the process that forks the ranks), which was killed or crashed; fresh "
+    "ranks start with a new one":
+        "这个 rank 随它的启动器（负责 fork 出各个 rank 的进程）一起结束了，启动器被杀死或崩溃；新的 rank 会由新的启动器启动",
     "interrupted twice; {ranks} were killed at once": "中断了两次；{ranks} 已被立即强制结束",
     "interrupted while the ranks were starting: nothing ran on them. The next cell waits for them again.":
         "在 rank 启动期间被中断：它们什么都没有运行。下一个单元格会再次等待它们就绪。",

@@ -611,7 +611,8 @@ class _Waiter:
         if self.lost:
             self._exit_codes()
             remote = pool.cluster is not None
-            failures += [crash_failure(rank, code, remote) for rank, code in sorted(self.lost.items())]
+            launcher_gone = not remote and not pool.hub.alive()
+            failures += [crash_failure(rank, code, remote, launcher_gone) for rank, code in sorted(self.lost.items())]
             failures.sort(key=lambda f: f.rank)
         stuck = sorted(self.pending)
         stacks = pool.take_stacks(stuck) if stuck else {}
@@ -695,10 +696,14 @@ class Outcome:
                          ran=rank_label(sorted(ran)), absent=rank_label(absent))
 
 
-def crash_failure(rank: int, code: int | None, remote: bool = False) -> RankFailure:
+def crash_failure(rank: int, code: int | None, remote: bool = False, launcher_gone: bool = False) -> RankFailure:
     """A rank that went away mid-task. On another host the kernel learns no exit status: all it
-    sees is its connection closed, or (a dead node, a cut network) timed out."""
-    if code is None and remote:
+    sees is its connection closed, or (a dead node, a cut network) timed out. Here, a rank whose
+    launcher died ends with it (and no one is left to report its status)."""
+    if code is None and launcher_gone:
+        message = tr("the rank ended with its launcher (the process that forks the ranks), which was killed "
+                     "or crashed; fresh ranks start with a new one")
+    elif code is None and remote:
         message = tr("the kernel lost its connection to the rank: its process ended, or its node or the "
                      "network to it went down")
     elif code is None:
