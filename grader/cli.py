@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -27,6 +28,12 @@ from tqdm import tqdm
 from distlab.edition import LANGUAGES
 from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments, student_id
 from grader.release import normalise, translate
+
+
+def pad(text: str, width: int) -> str:
+    """``text`` padded to ``width`` terminal columns: 张三 takes four, so ``:<28`` would misalign."""
+    columns = sum(2 if unicodedata.east_asian_width(char) in "WF" else 1 for char in text)
+    return text + " " * max(0, width - columns)
 
 
 def _why_unreadable(path: Path) -> str | None:
@@ -190,7 +197,7 @@ class Progress:
         if failed:
             self.failed.append(student)
         width = len(str(self.total))
-        self.bar.write(f"[{self.finished:>{width}}/{self.total}] {student:<28} {text}", file=self.out)
+        self.bar.write(f"[{self.finished:>{width}}/{self.total}] {pad(student, 28)} {text}", file=self.out)
         self.bar.update(1)
         self.out.flush()
 
@@ -275,7 +282,7 @@ def _print_scores(course: Course, only: set[tuple[str, str]]) -> None:
         if (row["student"], row["assignment"]) not in only:
             continue
         parts = " ".join(f"{k.removeprefix('test_')}={v:g}" for k, v in row.items() if k.startswith("test_"))
-        print(f"{row['student']:<28} {row['assignment']:<24} {row['score']:g}/{row['max_score']:g}  {parts}")
+        print(f"{pad(row['student'], 28)} {row['assignment']:<24} {row['score']:g}/{row['max_score']:g}  {parts}")
 
 
 # --- feedback and export --------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def assignments() -> list[str]:
 
 def student_id(path: Path, taken: set[str]) -> str:
     """A safe, unique nbgrader student id from a submission's file name."""
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem).strip("._-") or "student"
+    base = re.sub(r"[^\w.-]+", "_", path.stem).strip("._-") or "student"  # \w: 张三 stays 张三
     name, n = base, 1
     while name in taken:
         n += 1

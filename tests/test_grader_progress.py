@@ -43,3 +43,19 @@ def test_a_terminal_also_gets_a_progress_bar() -> None:
     shown = terminal.getvalue()
     assert "\r" in shown and "1/2" in shown and "submission" in shown  # tqdm's bar, redrawn in place
     assert "[2/2] bob " in shown and "failed to grade: bob" in shown
+
+
+def test_students_keep_their_names_in_any_script_and_the_columns_line_up() -> None:
+    """A class that names its files 张三.ipynb and 李四.ipynb must not come out as student and
+    student_2; wide characters take two columns, so the scores still line up."""
+    from grader.course import student_id
+
+    taken: set[str] = set()
+    assert [student_id(Path(f"{name}.ipynb"), taken) for name in ("张三", "李四", "Ada Lovelace", "../x", "张三")] == [
+        "张三", "李四", "Ada_Lovelace", "x", "张三_2"]
+    log = io.StringIO()
+    progress = Progress(2, log)
+    progress.done(Job("张三", "ex1_all_reduce_rs_ag", Path("a.ipynb")), (10.0, 10.0), 2.5)
+    progress.done(Job("Ada", "ex1_all_reduce_rs_ag", Path("b.ipynb")), (3.0, 10.0), 2.5)
+    first, second = log.getvalue().splitlines()[:2]
+    assert first.index("ex1") + 2 == second.index("ex1")  # 张三 is 4 columns wide, 2 characters
