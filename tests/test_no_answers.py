@@ -419,6 +419,32 @@ def test_grading_ranks_write_only_in_a_folder_of_their_own(tmp_path: Path) -> No
     assert all(passed for _, passed, _ in graded), graded  # writing in its own folder works
 
 
+DISK_BOMBS = {  # what each does, and what its feedback must say
+    "one file past the limit": ("with open(os.path.join(tempfile.gettempdir(), 'big'), 'wb') as f:\n"
+                                "        for _ in range(400):\n            f.write(bytes(1 << 20))",
+                                "File too large"),
+    "many files under the limit": ("for i in range(40):\n"
+                                   "        with open(os.path.join(tempfile.gettempdir(), f'f{i}'), 'wb') as f:\n"
+                                   "            for _ in range(200):\n                f.write(b'x' * (1 << 20))",
+                                   "the rank kept more than 256 MB of files in its temporary folder"),
+    "shared memory": (f"torch.save(torch.ones(1000), '/dev/shm/distlab-bomb-{os.getpid()}')",
+                      "Permission denied" if confine.available() else "write outside their temporary folder"),
+}
+
+
+@pytest.mark.slow
+def test_a_submission_that_fills_the_disk_or_shared_memory_fails_in_its_rank() -> None:
+    """Files are the other way to take the instructor's machine down: /dev/shm is memory that no
+    limit on the rank counts and that outlives it, and /tmp may be memory too. A grading rank
+    writes at most 256 MB to a file and keeps at most 256 MB in its folder; /dev/shm is shut."""
+    for name, (attack, said) in DISK_BOMBS.items():
+        source = f"import os, tempfile, torch\ndef all_reduce_rs_ag(tensor, op=None, group=None):\n    {attack}\n"
+        graded = _grade(source + "    raise RuntimeError('ESCAPED')\n", ())
+        assert not any(passed for _, passed, _ in graded), name
+        assert said in graded[0][2] and "ESCAPED" not in graded[0][2], (name, graded[0][2])
+    assert not os.path.exists(f"/dev/shm/distlab-bomb-{os.getpid()}")
+
+
 MEMORY_BOMB = """import torch
 def all_reduce_rs_ag(tensor, op=None, group=None):
     hoard = torch.ones(3 << 30, dtype=torch.uint8)  # 3 GB, more than a grading rank may hold

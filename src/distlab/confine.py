@@ -23,7 +23,9 @@ grading runs from there: a ``.pth`` file in site-packages runs in every Python t
 a ``json.py`` in the folder the grader is started from shadows the real one, the kit's own
 sources are one ``open(..., "w")`` away, and C++ (``torch.save``) writes without any audit event.
 So a grading rank may create, change and remove files only in a folder of its own (its TMPDIR),
-its stack file, ``/dev/null`` and ``/dev/shm``. Listing folders is left to the audit hook. Where
+its stack file and ``/dev/null``, and only so much: at most :data:`WRITE_QUOTA` bytes to a file
+(:func:`limit_file_size`) and in the folder (its launcher measures it, :func:`folder_exceeds`).
+Listing folders is left to the audit hook. Where
 Landlock is missing (another OS, an older kernel), :func:`confine` returns False and the audit
 hook stands alone.
 
@@ -54,8 +56,13 @@ _TRUNCATE = 1 << 14
 _FILE_ACCESS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE
 _PR_SET_NO_NEW_PRIVS = 38
 _SCOPE_SIGNAL, _SCOPE_ABI = 1 << 1, 6  # struct landlock_ruleset_attr grew a third field, "scoped"
-# what a rank confined to its own folder may write besides it (and its stack file)
-SHARED_WRITABLE = (os.devnull, "/dev/shm")
+# what a rank confined to its own folder may write besides it (and its stack file). Not /dev/shm:
+# it is memory, outside every limit on the rank, and it outlives the rank.
+SHARED_WRITABLE = (os.devnull,)
+# bytes a confined rank may keep in its folder, and write to any one file: honest answers write
+# nothing, and a submission must not fill the instructor's disk (or /tmp, often memory)
+WRITE_QUOTA = 256 << 20
+QUOTA_ENTRIES = 10_000  # files and folders: more, and the folder counts as over its quota
 
 
 class _PathBeneath(ctypes.Structure):
@@ -224,6 +231,32 @@ def forbid_new_processes() -> bool:
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
     return libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0
+
+
+def limit_file_size(limit: int) -> None:
+    """No file this process (and what it starts) writes may grow past ``limit`` bytes: the write
+    fails with EFBIG (Python ignores SIGXFSZ, so it is an OSError, not a killed process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    wanted = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (wanted, wanted if hard == resource.RLIM_INFINITY else hard))
+
+
+def folder_exceeds(folder: str, quota: int, most_entries: int = QUOTA_ENTRIES) -> bool:
+    """Whether ``folder`` takes more than ``quota`` bytes of disk, or holds more than
+    ``most_entries`` files and folders (many small files fill a disk's inodes, and this walk)."""
+    total = entries = 0
+    for root, folders, files in os.walk(folder):
+        entries += len(folders) + len(files)
+        if entries > most_entries:
+            return True
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512  # what it takes, sparse or not
+            except OSError:
+                continue
+            if total > quota:
+                return True
+    return False
 
 
 def limit_memory(limit: int) -> None:

@@ -57,6 +57,7 @@ class Hub:
         self._launcher_conn: Connection | None = None
         self._arrived: dict[tuple[str, int], dict[int, tuple[Connection, int]]] = defaultdict(dict)
         self._exits: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+        self._exit_reasons: dict[tuple[str, int, int], str] = {}
         self._hellos: dict[tuple[str, int], dict[int, RankHello]] = defaultdict(dict)
         self._controls: dict[tuple[str, int], dict[int, Connection]] = defaultdict(dict)
         self._tcp: socket.socket | None = None  # cluster mode: ranks on other hosts connect here
@@ -196,6 +197,8 @@ class Hub:
             if isinstance(message, RankExited):
                 with self._lock:
                     self._exits[(message.pool_id, message.generation)][message.rank] = message.returncode
+                    if message.reason:
+                        self._exit_reasons[(message.pool_id, message.generation, message.rank)] = message.reason
 
     def take_arrivals(self, pool_id: str, generation: int) -> dict[int, tuple[Connection, int]]:
         with self._lock:
@@ -213,11 +216,18 @@ class Hub:
         with self._lock:
             return dict(self._exits.get((pool_id, generation), {}))
 
+    def exit_reason(self, pool_id: str, generation: int, rank: int) -> str:
+        """Why the launcher ended this rank ("" when it ended by itself)."""
+        with self._lock:
+            return self._exit_reasons.get((pool_id, generation, rank), "")
+
     def forget(self, pool_id: str, generation: int) -> None:
         for conn, _ in self.take_arrivals(pool_id, generation).values():
             conn.close()
         with self._lock:
             self._exits.pop((pool_id, generation), None)
+            for key in [k for k in self._exit_reasons if k[:2] == (pool_id, generation)]:
+                del self._exit_reasons[key]
             self._hellos.pop((pool_id, generation), None)
         for conn in self._controls.pop((pool_id, generation), {}).values():
             conn.close()

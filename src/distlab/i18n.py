@@ -87,6 +87,9 @@ ZH: dict[str, str] = {
     "interrupted; {ranks} did not stop within {grace} s and were killed":
         "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
     "interrupted: every rank stopped": "已中断：每个 rank 都已停止",
+    "the rank kept more than {mb} MB of files in its temporary folder (or over {entries} files), more than a "
+    "grading rank may, and was stopped":
+        "这个 rank 在它的临时文件夹里存放了超过 {mb} MB 的文件（或超过 {entries} 个文件），超出了评分 rank 的上限，已被停止",
     "the rank ended with its launcher (the process that forks the ranks), which was killed or crashed; fresh "
     "ranks start with a new one":
         "这个 rank 随它的启动器（负责 fork 出各个 rank 的进程）一起结束了，启动器被杀死或崩溃；新的 rank 会由新的启动器启动",

@@ -28,6 +28,7 @@ from distlab.protocol import KillGeneration, LauncherHello, RankExited, Shutdown
 
 POLL_SECONDS = 0.02
 EXTRAS_AFTER_IDLE = 3.0  # seconds without requests before the optional preload starts
+QUOTA_CHECK_SECONDS = 0.25  # how often the folders of ranks with a write quota are measured
 
 
 def die_with_parent() -> None:
@@ -101,6 +102,9 @@ class Launcher:
         self.key = key
         self.parent = parent
         self.children: dict[int, tuple[str, int, int]] = {}  # pid -> (pool_id, generation, rank)
+        self.quotas: dict[int, tuple[str, int]] = {}  # pid -> (its own folder, bytes it may keep there)
+        self.reasons: dict[int, str] = {}  # pid -> why the launcher ended it
+        self._next_quota_check = 0.0
 
     def serve(self) -> None:
         idle_since = time.monotonic()
@@ -116,6 +120,7 @@ class Launcher:
                 elif not extras_loaded and time.monotonic() - idle_since > EXTRAS_AFTER_IDLE:
                     preload_extras()
                     extras_loaded = True
+                self.police_quotas()
                 self.reap()
         except (EOFError, OSError):
             pass  # the kernel is gone
@@ -146,7 +151,24 @@ class Launcher:
             except OSError:
                 pass  # the child got there first
             self.children[pid] = (request.pool_id, request.generation, rank)
+            if request.writes_confined and request.write_quota:
+                own = self._own_folder_path(request.pool_id, request.generation, rank)
+                self.quotas[pid] = (own, request.write_quota)
         store.close()
+
+    def police_quotas(self) -> None:
+        """A rank confined to its own folder may keep only so much there: past its quota it is
+        ended (its writes are too fast to wait for the cell's deadline), and the kernel says why."""
+        now = time.monotonic()
+        if not self.quotas or now < self._next_quota_check:
+            return
+        self._next_quota_check = now + QUOTA_CHECK_SECONDS
+        from distlab import confine
+
+        for pid, (folder, quota) in list(self.quotas.items()):
+            if pid in self.children and pid not in self.reasons and confine.folder_exceeds(folder, quota):
+                self.reasons[pid] = protocol.WRITE_QUOTA_EXCEEDED
+                _kill_group(pid)
 
     def _become_rank(self, request: SpawnRanks, rank: int, store: socket.socket, port: int,
                      scripts_port: int) -> None:
@@ -163,6 +185,8 @@ class Launcher:
                 confine.confine(request.unreadable, writable)
                 if request.writes_confined:  # a grading rank: threads, but no process of its own
                     confine.forbid_new_processes()
+                if request.write_quota:
+                    confine.limit_file_size(request.write_quota)
                 if request.memory_limit:
                     confine.limit_memory(request.memory_limit)
             from distlab.worker import RankSpec, rank_main
@@ -180,7 +204,7 @@ class Launcher:
 
     def _own_folder(self, request: SpawnRanks, rank: int) -> list[str]:
         """What a rank confined to its own files may write: a fresh temporary folder (its TMPDIR,
-        removed when the rank ends), its stack file, /dev/null and /dev/shm."""
+        removed when the rank ends), its stack file and /dev/null."""
         from distlab import confine
 
         folder = os.path.dirname(self.path)
@@ -206,11 +230,13 @@ class Launcher:
             _kill_group(exited.si_pid)  # what the rank left running (a subprocess, a server) ends too
             pid, status = os.waitpid(exited.si_pid, 0)
             pool_id, generation, rank = self.children.pop(pid, ("", 0, -1))
+            self.quotas.pop(pid, None)
+            reason = self.reasons.pop(pid, "")
             if rank >= 0:
                 self.end_adopted()  # what the rank started in sessions of its own came to us as it ended
                 shutil.rmtree(self._own_folder_path(pool_id, generation, rank), ignore_errors=True)
                 code = os.waitstatus_to_exitcode(status)
-                protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code))
+                protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code, reason))
 
     def kill_all(self) -> None:
         for pid in list(self.children):

@@ -26,6 +26,7 @@ import cloudpickle
 from distlab import codeship, protocol
 from distlab.backends import resolve_backend
 from distlab.cluster import ClusterLaunch
+from distlab.confine import QUOTA_ENTRIES, WRITE_QUOTA
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout, TransferFailed
 from distlab.hub import Hub
 from distlab.i18n import tr
@@ -112,7 +113,7 @@ class Pool:
         if self.cluster is None:
             self.hub.send_launcher(SpawnRanks(self.pool_id, self.generation, self.world_size, self.backend,
                                               tuple(range(self.world_size)), self.unreadable, self.memory_limit,
-                                              self.confine_writes))
+                                              self.confine_writes, WRITE_QUOTA if self.confine_writes else 0))
         else:
             hub = self.hub.listen_tcp(self.cluster.address())
             env = self.cluster.environment(hub, self.hub.key, self.pool_id, self.generation, self.backend,
@@ -612,7 +613,9 @@ class _Waiter:
             self._exit_codes()
             remote = pool.cluster is not None
             launcher_gone = not remote and not pool.hub.alive()
-            failures += [crash_failure(rank, code, remote, launcher_gone) for rank, code in sorted(self.lost.items())]
+            failures += [crash_failure(rank, code, remote, launcher_gone,
+                                       pool.hub.exit_reason(pool.pool_id, pool.generation, rank))
+                         for rank, code in sorted(self.lost.items())]
             failures.sort(key=lambda f: f.rank)
         stuck = sorted(self.pending)
         stacks = pool.take_stacks(stuck) if stuck else {}
@@ -696,11 +699,15 @@ class Outcome:
                          ran=rank_label(sorted(ran)), absent=rank_label(absent))
 
 
-def crash_failure(rank: int, code: int | None, remote: bool = False, launcher_gone: bool = False) -> RankFailure:
+def crash_failure(rank: int, code: int | None, remote: bool = False, launcher_gone: bool = False,
+                  reason: str = "") -> RankFailure:
     """A rank that went away mid-task. On another host the kernel learns no exit status: all it
     sees is its connection closed, or (a dead node, a cut network) timed out. Here, a rank whose
     launcher died ends with it (and no one is left to report its status)."""
-    if code is None and launcher_gone:
+    if reason == protocol.WRITE_QUOTA_EXCEEDED:
+        message = tr("the rank kept more than {mb} MB of files in its temporary folder (or over {entries} files), "
+                     "more than a grading rank may, and was stopped", mb=WRITE_QUOTA >> 20, entries=f"{QUOTA_ENTRIES:,}")
+    elif code is None and launcher_gone:
         message = tr("the rank ended with its launcher (the process that forks the ranks), which was killed "
                      "or crashed; fresh ranks start with a new one")
     elif code is None and remote:

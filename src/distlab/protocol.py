@@ -68,6 +68,7 @@ class SpawnRanks:
     unreadable: tuple[str, ...] = ()  # folders the ranks shut out at birth (distlab.confine)
     memory_limit: int = 0  # bytes of data per rank, 0: no limit (distlab.confine)
     writes_confined: bool = False  # the ranks write only to a folder of their own (distlab.confine)
+    write_quota: int = 0  # bytes a confined rank may keep in its folder, and write to one file (0: no limit)
     kind: Literal["spawn"] = "spawn"
 
 
@@ -99,7 +100,11 @@ class RankExited:
     rank: int
     pid: int
     returncode: int
+    reason: str = ""  # why the launcher ended it, when it did (WRITE_QUOTA_EXCEEDED)
     kind: Literal["exited"] = "exited"
+
+
+WRITE_QUOTA_EXCEEDED = "write_quota"  # RankExited.reason: it kept more files than SpawnRanks.write_quota
 
 
 # rank -> kernel

@@ -6,8 +6,8 @@ submission that imports or reads them would earn points it did not write. An aud
 (PEP 578) is installed in each grading rank before the student's cell runs; it cannot be
 removed from Python once added. It refuses:
 
-- writing, creating, moving or removing files anywhere but the rank's own temporary folder,
-  /dev/null and /dev/shm (a ``.pth`` file in site-packages, or a ``json.py`` where the grader
+- writing, creating, moving or removing files anywhere but the rank's own temporary folder
+  and /dev/null (a ``.pth`` file in site-packages, or a ``json.py`` where the grader
   starts, would run in every later grading run);
 - opening any file under a protected directory (``open``, ``os.open``, ``io.open_code``: so
   ``import``, ``exec(open(...))``, ``importlib`` and ``pathlib`` are covered alike). The audit
