@@ -181,16 +181,21 @@ def test_grading_ranks_start_no_program_and_signal_no_one_by_routes_without_an_a
 
 
 FORBIDDEN_PROCESSES = r'''
-import os, signal, subprocess, sys, tempfile, threading
+import os, signal, socket, subprocess, sys, tempfile, threading
 import torch
 from distlab import confine
 
+desktop = socket.socket(socket.AF_UNIX)  # an abstract socket from outside, as D-Bus or an X server has
+desktop.bind(f"\0distlab-test-{os.getpid()}")
+desktop.listen(1)
 own = tempfile.mkdtemp()
 assert confine.confine([], [own]) and confine.forbid_new_processes()
 said = []
 for name, attempt in (("fork", os.fork), ("program", lambda: subprocess.run(["true"])),
                       ("pidfd", lambda: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)),
-                      ("kill", lambda: os.kill(os.getppid(), 0) if confine.signals_scoped() else 1 / 0)):
+                      ("kill", lambda: os.kill(os.getppid(), 0) if confine.signals_scoped() else 1 / 0),
+                      ("abstract", lambda: socket.socket(socket.AF_UNIX).connect(f"\0distlab-test-{os.getpid()}")
+                       if confine.signals_scoped() else 1 / 0)):
     try:
         if attempt() == 0:
             os._exit(0)  # a child that got through
@@ -212,9 +217,9 @@ print(" ".join(said))
 def test_a_confined_rank_starts_threads_but_no_process_and_signals_no_one_outside() -> None:
     done = subprocess.run([sys.executable, "-c", FORBIDDEN_PROCESSES], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    kill = "kill:PermissionError" if confine.signals_scoped() else "kill:ZeroDivisionError"  # Linux < 6.12: no scope
-    assert done.stdout.split() == ["fork:PermissionError", "program:PermissionError", "pidfd:PermissionError", kill,
-                                   "thread", "thread", "thread", "512"], done.stdout
+    scoped = "PermissionError" if confine.signals_scoped() else "ZeroDivisionError"  # Linux < 6.12: no scopes
+    assert done.stdout.split() == ["fork:PermissionError", "program:PermissionError", "pidfd:PermissionError",
+                                   f"kill:{scoped}", f"abstract:{scoped}", "thread", "thread", "thread", "512"], done.stdout
 
 
 # signal 0 only asks whether a signal could be sent: if the refusal ever broke, nothing is hurt

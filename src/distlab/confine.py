@@ -55,7 +55,8 @@ _WRITE = _WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # REMOVE_DIR ... M
 _TRUNCATE = 1 << 14
 _FILE_ACCESS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE
 _PR_SET_NO_NEW_PRIVS = 38
-_SCOPE_SIGNAL, _SCOPE_ABI = 1 << 1, 6  # struct landlock_ruleset_attr grew a third field, "scoped"
+# struct landlock_ruleset_attr grew a third field, "scoped": what a process may reach outside its domain
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL, _SCOPE_ABI = 1 << 0, 1 << 1, 6
 # what a rank confined to its own folder may write besides it (and its stack file). Not /dev/shm:
 # it is memory, outside every limit on the rank, and it outlives the rank.
 SHARED_WRITABLE = (os.devnull,)
@@ -126,7 +127,8 @@ def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
     # a rank confined to its own files runs no program (no rule grants _EXECUTE) and, where the
     # kernel can, signals no process outside its domain
     handled_fs = _READ_FILE | write | (_EXECUTE if writable is not None else 0)
-    scoped = _SCOPE_SIGNAL if writable is not None and abi >= _SCOPE_ABI else 0
+    # (and connects to no abstract Unix socket outside it: a desktop's D-Bus or X server)
+    scoped = _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET if writable is not None and abi >= _SCOPE_ABI else 0
     attr = (ctypes.c_uint64 * 3)(handled_fs, 0, scoped)  # handled_access_fs, handled_access_net, scoped
     ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24 if scoped else 8),
                            ctypes.c_uint32(0))
