@@ -174,3 +174,29 @@ def test_an_interrupt_says_whether_the_ranks_had_their_grace() -> None:
     twice = Outcome("interrupted", 2, {}, [], stuck, pressed_twice=True).error()
     assert str(once) == f"interrupted; ranks 0-1 did not stop within {INTERRUPT_GRACE:.0f} s and were killed"
     assert str(twice) == "interrupted twice; ranks 0-1 were killed at once"
+
+
+THREADS = """import os
+from distlab.worker import threads_per_rank
+os.environ.pop("OMP_NUM_THREADS", None)
+host = len(os.sched_getaffinity(0))
+said = [threads_per_rank(1) == host, threads_per_rank(2 * host)]
+os.environ["OMP_NUM_THREADS"] = "3"
+said.append(threads_per_rank(1))
+del os.environ["OMP_NUM_THREADS"]
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+said.append(threads_per_rank(1) if host > 1 else "bound")
+print(*said)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_each_rank_uses_the_cpus_it_is_given() -> None:
+    """Unbound ranks share the host; a rank bound to its own CPUs (SLURM's task/affinity,
+    taskset) uses those, not a share of the whole host; OMP_NUM_THREADS is the user's word."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=60, check=True)
+    # the host's CPUs for one rank, one thread each for many, OMP_NUM_THREADS, one CPU when bound to one
+    assert done.stdout.split() == ["True", "1", "3", "1" if len(os.sched_getaffinity(0)) > 1 else "bound"]

@@ -225,7 +225,7 @@ class Rank:
             "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(spec.scripts_port or self.master_port),
         })
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(threads_per_rank(local_world))
         if spec.backend == "nccl":
             gpus = torch.cuda.device_count()
             if local_rank >= gpus:  # NCCL refuses two ranks on one GPU: say so before it does
@@ -494,6 +494,23 @@ def _open_files_hint() -> str:
 _NO_GPU_SIGNS = ("doesn't have NCCL built in", "not compiled with CUDA enabled", "Found no NVIDIA driver",
                  "No CUDA GPUs are available", "NCCL is only supported with GPUs", "has no attribute '_cuda_",
                  "no accelerator device is detected")  # FSDP without device_id
+
+
+def threads_per_rank(local_world: int) -> int:
+    """torch's intra-op threads for one of ``local_world`` ranks on this host. OMP_NUM_THREADS, when
+    set, is the user's (or the site's) word. A launcher that binds each rank to its own CPUs
+    (SLURM's task/affinity, ``taskset``) leaves the rank those CPUs: use them all. Unbound ranks
+    share the host's CPUs: a share each, so 4 ranks on 8 cores do not run 32 threads."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        allowed = os.cpu_count() or 1
+    if allowed < (os.cpu_count() or allowed):
+        return allowed
+    return max(1, allowed // local_world)
 
 
 def _ends_with_semicolon(source: str) -> bool:
