@@ -178,12 +178,15 @@ def test_an_interrupt_says_whether_the_ranks_had_their_grace() -> None:
 
 THREADS = """import os
 from distlab.worker import threads_per_rank
-os.environ.pop("OMP_NUM_THREADS", None)
+for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+    os.environ.pop(name, None)
 host = len(os.sched_getaffinity(0))
 said = [threads_per_rank(1) == host, threads_per_rank(2 * host)]
+os.environ["SLURM_CPUS_PER_TASK"] = "5"
+said.append(threads_per_rank(1))
 os.environ["OMP_NUM_THREADS"] = "3"
 said.append(threads_per_rank(1))
-del os.environ["OMP_NUM_THREADS"]
+del os.environ["OMP_NUM_THREADS"], os.environ["SLURM_CPUS_PER_TASK"]
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 said.append(threads_per_rank(1) if host > 1 else "bound")
 print(*said)
@@ -192,11 +195,11 @@ print(*said)
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
 def test_each_rank_uses_the_cpus_it_is_given() -> None:
-    """Unbound ranks share the host; a rank bound to its own CPUs (SLURM's task/affinity,
-    taskset) uses those, not a share of the whole host; OMP_NUM_THREADS is the user's word."""
+    """A share of the CPUs the process may use (its cpuset, not the whole machine); what the user
+    asked for when they did: srun's --cpus-per-task, OMP_NUM_THREADS above all."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=60, check=True)
-    # the host's CPUs for one rank, one thread each for many, OMP_NUM_THREADS, one CPU when bound to one
-    assert done.stdout.split() == ["True", "1", "3", "1" if len(os.sched_getaffinity(0)) > 1 else "bound"]
+    # all CPUs for one rank, one thread each for many, --cpus-per-task, OMP_NUM_THREADS, bound to one CPU
+    assert done.stdout.split() == ["True", "1", "5", "3", "1" if len(os.sched_getaffinity(0)) > 1 else "bound"]

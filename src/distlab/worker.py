@@ -497,19 +497,18 @@ _NO_GPU_SIGNS = ("doesn't have NCCL built in", "not compiled with CUDA enabled",
 
 
 def threads_per_rank(local_world: int) -> int:
-    """torch's intra-op threads for one of ``local_world`` ranks on this host. OMP_NUM_THREADS, when
-    set, is the user's (or the site's) word. A launcher that binds each rank to its own CPUs
-    (SLURM's task/affinity, ``taskset``) leaves the rank those CPUs: use them all. Unbound ranks
-    share the host's CPUs: a share each, so 4 ranks on 8 cores do not run 32 threads."""
-    given = os.environ.get("OMP_NUM_THREADS", "")
-    if given.isdigit() and int(given) > 0:
-        return int(given)
+    """torch's intra-op threads for one of ``local_world`` ranks on this host: what the user said
+    (OMP_NUM_THREADS, or srun's --cpus-per-task), else a share of the CPUs this process may use
+    (a container's or a job's cpuset, not the whole machine): 4 ranks on 8 cores run 2 threads
+    each, not 8, and ranks in a 4-CPU container on a 64-core host do not run 16 each."""
+    for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        given = os.environ.get(name, "")
+        if given.isdigit() and int(given) > 0:
+            return int(given)
     try:
         allowed = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         allowed = os.cpu_count() or 1
-    if allowed < (os.cpu_count() or allowed):
-        return allowed
     return max(1, allowed // local_world)
 
 
