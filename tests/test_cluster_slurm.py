@@ -218,7 +218,8 @@ def test_a_request_slurm_cannot_start_says_why_and_is_withdrawn_on_interrupt(clu
                                 '--srun-args "--nodes=3"', timeout=120,
                                 interrupt_on=("SLURM has not started the ranks yet", 1))
         assert re.search(r"job \d+ pending \(\w+\)", reply.stdout), reply.stdout  # with SLURM's reason
-        assert reply.error is not None and reply.error["ename"] == "KeyboardInterrupt"
+        assert reply.error is not None and reply.error["ename"] == "CellInterrupted", reply.traceback
+        assert "nothing is left queued or running" in reply.traceback  # one line, not distlab's own frames
         _wait_no_jobs(cluster, within=10.0)
         assert _squeue(cluster) == ""  # nothing left queued
         again = session.execute(START, timeout=180)  # and the kernel can go on

@@ -88,15 +88,32 @@ def test_interrupt_kills_ranks_stuck_in_a_collective(kernel: KernelSession) -> N
 
 def test_an_interrupt_while_ranks_start_says_nothing_ran_and_the_next_cell_works(kernel: KernelSession) -> None:
     """The stop button pressed while the ranks are still starting (here: ranks another launcher
-    should start, which never come) gives one line, not distlab's own wait in a traceback."""
+    should start, which never come) gives one line, not distlab's own wait in a traceback.
+    (Ranks forked here go on starting: that line says the next cell waits for them.)"""
     reply = kernel.execute("%dist_start -n 2 --launcher external --iface lo",
                            interrupt_on=("waiting for 2 ranks", 1))
     assert reply.error is not None and reply.error["ename"] == "CellInterrupted", reply.traceback
-    assert reply.traceback.strip() == ("CellInterrupted: interrupted while the ranks were starting: nothing ran "
-                                       "on them. The next cell waits for them again."), reply.traceback
+    assert reply.traceback.strip() == ("CellInterrupted: interrupted while the ranks were starting: nothing ran, "
+                                       "and nothing is left queued or running. The next cell starts them again."), \
+        reply.traceback
     assert reply.stderr == ""
     assert kernel.execute("%dist_start -n 2 --launcher local").error is None
     _next_cell_works(kernel, 2)
+
+
+def test_an_interrupt_during_a_restart_leaves_one_line_and_a_working_kernel(kernel: KernelSession) -> None:
+    """A new world size stops the old ranks and starts new ones; the stop button pressed as soon
+    as the restart is announced lands in the stop, the start or the cell: whichever, the cell
+    ends in one distlab line (no frames of distlab's own code) and the next cell works."""
+    _ready_pids(kernel, 2)
+    reply = kernel.execute("%%dist -n 3\nimport time\ntime.sleep(60)",
+                           interrupt_on=("distlab: restarting the pool with 3 ranks", 1))
+    assert reply.error is not None and reply.error["ename"] == "CellInterrupted", reply.traceback
+    assert "distlab/" not in reply.traceback and reply.stderr == "", reply.traceback
+    said = reply.traceback.splitlines()[0]
+    assert any(words in said for words in ("the old ranks were stopping", "the ranks were starting: nothing ran on them",
+                                           "every rank stopped")), said
+    _next_cell_works(kernel, 3)
 
 
 CRASHES = {

@@ -94,6 +94,9 @@ ZH: dict[str, str] = {
     "ranks start with a new one":
         "这个 rank 随它的启动器（负责 fork 出各个 rank 的进程）一起结束了，启动器被杀死或崩溃；新的 rank 会由新的启动器启动",
     "interrupted twice; {ranks} were killed at once": "中断了两次；{ranks} 已被立即强制结束",
+    "interrupted while the ranks were starting: nothing ran, and nothing is left queued or running. The next "
+    "cell starts them again.":
+        "在 rank 启动期间被中断：什么都没有运行，也没有留下排队或运行中的任务。下一个单元格会重新启动它们。",
     "interrupted while the ranks were starting: nothing ran on them. The next cell waits for them again.":
         "在 rank 启动期间被中断：它们什么都没有运行。下一个单元格会再次等待它们就绪。",
     "interrupted while the old ranks were stopping: they are stopped, nothing ran. The next cell starts {n} fresh ranks.":

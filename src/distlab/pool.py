@@ -161,7 +161,7 @@ class Pool:
     def ensure_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Start the ranks if need be and wait until every one is ready. An interrupt here says
         in one line that nothing ran (not distlab's own traceback); locally the ranks go on
-        starting, so the next cell finds them sooner."""
+        starting, so the next cell finds them sooner; on a cluster the request is withdrawn."""
         try:
             self.start()
             if self.cluster is None:
@@ -176,6 +176,9 @@ class Pool:
         except CellInterrupted:
             raise
         except KeyboardInterrupt:
+            if self.cluster is not None:  # the request was withdrawn above
+                raise CellInterrupted(tr("interrupted while the ranks were starting: nothing ran, and nothing is "
+                                         "left queued or running. The next cell starts them again.")) from None
             raise CellInterrupted(tr("interrupted while the ranks were starting: nothing ran on them. "
                                      "The next cell waits for them again.")) from None
 
