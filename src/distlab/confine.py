@@ -238,9 +238,14 @@ def forbid_new_processes() -> bool:
 def limit_file_size(limit: int) -> None:
     """No file this process (and what it starts) writes may grow past ``limit`` bytes: the write
     fails with EFBIG (Python ignores SIGXFSZ, so it is an OSError, not a killed process)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    _lower(resource.RLIMIT_FSIZE, limit)
+
+
+def _lower(which: int, limit: int) -> None:
+    """Lower a resource limit to ``limit`` (never above a hard limit set before; with none, for good)."""
+    _, hard = resource.getrlimit(which)
     wanted = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (wanted, wanted if hard == resource.RLIM_INFINITY else hard))
+    resource.setrlimit(which, (wanted, wanted if hard == resource.RLIM_INFINITY else hard))
 
 
 def folder_exceeds(folder: str, quota: int, most_entries: int = QUOTA_ENTRIES) -> bool:
@@ -263,9 +268,7 @@ def folder_exceeds(folder: str, quota: int, most_entries: int = QUOTA_ENTRIES) -
 
 def limit_memory(limit: int) -> None:
     """At most ``limit`` bytes of data for this process and what it starts; it dies first under OOM."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    wanted = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_DATA, (wanted, wanted if hard == resource.RLIM_INFINITY else hard))
+    _lower(resource.RLIMIT_DATA, limit)
     try:
         with open("/proc/self/oom_score_adj", "w") as adjust:
             adjust.write("1000")
