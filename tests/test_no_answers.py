@@ -165,6 +165,10 @@ ATTACKS = {
     "fresh fork_exec": ('sys.modules["_posixsubprocess"] = _fresh("_posixsubprocess")\n'
                         '    util.spawnv_passfds(b"/bin/true", [b"true"], ())', "Operation not permitted"),
     "fresh pidfd": ('_fresh("_signal").pidfd_send_signal(os.pidfd_open(os.getppid()), 0)', "Operation not permitted"),
+    # a grader run as root may raise a hard limit: the rank's memory and file-size limits must hold
+    "limits": ("import resource\n    resource.setrlimit(resource.RLIMIT_DATA, resource.getrlimit(resource.RLIMIT_DATA))",
+               "change their resource limits (resource.setrlimit)"),
+    "fresh limits": ('_fresh("resource").prlimit(0, 2, (-1, -1))', "change their resource limits (resource.prlimit)"),
 }
 
 
@@ -173,7 +177,8 @@ ATTACKS = {
 def test_grading_ranks_start_no_program_and_signal_no_one_by_routes_without_an_audit_event() -> None:
     """multiprocessing's spawn starts a fresh Python without the audit hook (which could then
     kill the grader); pidfd_send_signal kills without os.kill. Both fail, in words where Python
-    can say it, and by the kernel where the submission got past Python."""
+    can say it, and by the kernel where the submission got past Python. So does lifting the
+    rank's limits (root may raise a hard limit), through any copy of the resource module."""
     for name, (attack, refused) in ATTACKS.items():
         graded = _grade(UNAUDITED.format(attack=attack), ())
         assert not any(passed for _, passed, _ in graded), name

@@ -20,6 +20,7 @@ removed from Python once added. It refuses:
 - starting other programs (``cat solutions/...`` would read around the hook) or forking
   (a fork bomb takes the instructor's machine down, not just the rank);
 - ``ctypes`` loading libraries or reading raw memory (the way to unhook an audit hook);
+- changing resource limits (a grader run as root could lift the rank's memory and file limits);
 - signalling any process but the rank itself and what it started (``os.kill`` of the grader,
   which a rank finds as its launcher's parent, or of every process with ``os.kill(-1, ...)``).
 
@@ -47,6 +48,8 @@ _PROGRAMS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spa
 _RAW_MEMORY = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
                          "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"})
 _SIGNALS = frozenset({"os.kill", "os.killpg"})
+# the rank's memory and file-size limits (distlab.confine): root could raise them again
+_LIMITS = frozenset({"resource.setrlimit", "resource.prlimit"})
 # Events whose path arguments reach a protected file without opening it there: looking (inside
 # a protected directory) and changing (inside, or a directory above it: renaming /work moves
 # /work/solutions out of the hook's sight).
@@ -172,6 +175,8 @@ def install(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
             raise PermissionError(f"{REFUSED} start other programs ({event})")
         elif event in _RAW_MEMORY:
             raise PermissionError(f"{REFUSED} use ctypes ({event})")
+        elif event in _LIMITS and not (event == "resource.prlimit" and len(args) > 2 and args[2] is None):
+            raise PermissionError(f"{REFUSED} change their resource limits ({event})")
         elif event in _SIGNALS and args and not _own(event, args[0]):
             raise PermissionError(f"{REFUSED} signal other processes ({event} {args[0]})")
 
