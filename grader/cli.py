@@ -36,33 +36,38 @@ def pad(text: str, width: int) -> str:
     return text + " " * max(0, width - columns)
 
 
-def _why_unreadable(path: Path) -> str | None:
-    """Why a submitted file is no notebook at all (None when it is one): an empty or cut-off
-    upload, another file renamed .ipynb. Said here in a line, instead of nbgrader's traceback."""
+class NotANotebook(Exception):
+    """A submitted file that is no notebook at all: an empty or cut-off upload, another file
+    renamed .ipynb. Said in a line, instead of nbgrader's traceback."""
+
+
+def _read_submission(path: Path) -> dict[str, object]:
+    """The submitted notebook's JSON, or NotANotebook saying why there is none."""
     try:
         notebook = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        return "not a notebook: not text"
+        raise NotANotebook("not a notebook: not text") from None
     except ValueError as exc:
-        return f"not a notebook: not JSON ({exc})" if path.stat().st_size else "not a notebook: the file is empty"
+        raise NotANotebook(f"not a notebook: not JSON ({exc})" if path.stat().st_size
+                           else "not a notebook: the file is empty") from None
     except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
+        raise NotANotebook(f"cannot be read ({exc.strerror})") from None
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells", notebook.get("worksheets")), list):
-        return "not a notebook: JSON without a list of cells"
-    return None
+        raise NotANotebook("not a notebook: JSON without a list of cells")
+    return notebook
 
 
-def _assignment_of(path: Path, wanted: str | None) -> str | None:
+def _assignment_of(notebook: dict[str, object], wanted: str | None) -> str | None:
     """The assignment a submitted notebook belongs to: by its answer cells' ids, whatever its name."""
     from distlab.grading.catalog import ENTRIES, entry
 
     if wanted:
         return entry(wanted).assignment
+    cells = notebook.get("cells", [])
     try:
-        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
-    except (OSError, ValueError, AttributeError):
+        ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)}
+    except (AttributeError, TypeError):  # metadata that is not a mapping: no answer cell to find
         return None
-    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)}
     for known in ENTRIES:
         if ids & set(known.solution_ids):
             return known.assignment
@@ -118,11 +123,12 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     jobs: list[Job] = []
     unreadable: dict[str, str] = {}  # student -> why their file is no notebook
     for path in files:
-        why = _why_unreadable(path)
-        if why is not None:
-            unreadable[student_id(path, taken)] = why
+        try:
+            notebook = _read_submission(path)
+        except NotANotebook as why:
+            unreadable[student_id(path, taken)] = str(why)
             continue
-        name = _assignment_of(path, args.assignment)
+        name = _assignment_of(notebook, args.assignment)
         if name is None:
             print(f"skipped {path}: it has no answer cell of any known assignment (a notebook of something "
                   f"else, or its answer cell was deleted: grade it with -a ASSIGNMENT)", file=sys.stderr)

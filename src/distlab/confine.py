@@ -80,18 +80,21 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def _abi(libc: ctypes.CDLL | None) -> int:
+    """The Landlock ABI this kernel speaks (0 or less: none)."""
+    if libc is None:
+        return 0
+    return int(libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)))
+
+
 def available() -> bool:
     """Whether this kernel enforces Landlock for unprivileged processes."""
-    libc = _libc()
-    return libc is not None and libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0),
-                                             ctypes.c_uint32(_CREATE_RULESET_VERSION)) >= 1
+    return _abi(_libc()) >= 1
 
 
 def signals_scoped() -> bool:
     """Whether this kernel keeps a confined rank's signals inside it (Landlock ABI 6, Linux 6.12)."""
-    libc = _libc()
-    return libc is not None and libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0),
-                                             ctypes.c_uint32(_CREATE_RULESET_VERSION)) >= _SCOPE_ABI
+    return _abi(_libc()) >= _SCOPE_ABI
 
 
 def _ancestors(path: str) -> list[str]:
@@ -120,9 +123,9 @@ def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
     needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(__file__)))}
     roots = {root for root in roots if not any(_inside(folder, {root}) for folder in needed)}
     libc = _libc()
-    if (not roots and writable is None) or libc is None or not available():
+    abi = _abi(libc)
+    if (not roots and writable is None) or libc is None or abi < 1:
         return False
-    abi = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
     write = (_WRITE | (_TRUNCATE if abi >= 3 else 0)) if writable is not None else 0
     # a rank confined to its own files runs no program (no rule grants _EXECUTE) and, where the
     # kernel can, signals no process outside its domain

@@ -57,7 +57,7 @@ class Hub:
         self._launcher_conn: Connection | None = None
         self._arrived: dict[tuple[str, int], dict[int, tuple[Connection, int]]] = defaultdict(dict)
         self._exits: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
-        self._exit_reasons: dict[tuple[str, int, int], str] = {}
+        self._exit_reasons: dict[tuple[str, int], dict[int, str]] = defaultdict(dict)
         self._hellos: dict[tuple[str, int], dict[int, RankHello]] = defaultdict(dict)
         self._controls: dict[tuple[str, int], dict[int, Connection]] = defaultdict(dict)
         self._tcp: socket.socket | None = None  # cluster mode: ranks on other hosts connect here
@@ -198,7 +198,7 @@ class Hub:
                 with self._lock:
                     self._exits[(message.pool_id, message.generation)][message.rank] = message.returncode
                     if message.reason:
-                        self._exit_reasons[(message.pool_id, message.generation, message.rank)] = message.reason
+                        self._exit_reasons[(message.pool_id, message.generation)][message.rank] = message.reason
 
     def take_arrivals(self, pool_id: str, generation: int) -> dict[int, tuple[Connection, int]]:
         with self._lock:
@@ -219,15 +219,14 @@ class Hub:
     def exit_reason(self, pool_id: str, generation: int, rank: int) -> str:
         """Why the launcher ended this rank ("" when it ended by itself)."""
         with self._lock:
-            return self._exit_reasons.get((pool_id, generation, rank), "")
+            return self._exit_reasons.get((pool_id, generation), {}).get(rank, "")
 
     def forget(self, pool_id: str, generation: int) -> None:
         for conn, _ in self.take_arrivals(pool_id, generation).values():
             conn.close()
         with self._lock:
             self._exits.pop((pool_id, generation), None)
-            for key in [k for k in self._exit_reasons if k[:2] == (pool_id, generation)]:
-                del self._exit_reasons[key]
+            self._exit_reasons.pop((pool_id, generation), None)
             self._hellos.pop((pool_id, generation), None)
         for conn in self._controls.pop((pool_id, generation), {}).values():
             conn.close()

@@ -166,7 +166,7 @@ class Launcher:
         from distlab import confine
 
         for pid, (folder, quota) in list(self.quotas.items()):
-            if pid in self.children and pid not in self.reasons and confine.folder_exceeds(folder, quota):
+            if pid not in self.reasons and confine.folder_exceeds(folder, quota):  # reap() drops the ended
                 self.reasons[pid] = protocol.WRITE_QUOTA_EXCEEDED
                 _kill_group(pid)
 
