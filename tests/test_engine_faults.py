@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 
 import pytest
 from kernel_session import KernelSession
-from procs import wait_gone
+from procs import children, wait_gone
 
 PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
 LAUNCHER = "__import__('distlab.hub').hub.Hub.get().launcher.pid"
@@ -182,7 +184,9 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
     leaves the group (a new session, a daemon) comes back to the launcher, which ends it."""
     session = KernelSession()
     session.execute("%load_ext distlab")
-    pids = _ready_pids(session, 4) + [session.value(LAUNCHER)] + _sleepers(session)
+    launcher = session.value(LAUNCHER)
+    pids = _ready_pids(session, 4) + [launcher] + _sleepers(session)
+    pids += children(launcher)  # the ranks and the tracker of the names they share
     if how == "SIGKILL":
         session.kill()
     else:
@@ -198,6 +202,65 @@ def test_a_restart_ends_what_the_old_ranks_started(kernel: KernelSession) -> Non
     assert reply.error is None, reply.traceback
     assert wait_gone(sleepers) == []
     _next_cell_works(kernel, 3)
+
+
+# names in /dev/shm that outlive the process that made them unless someone unlinks them: the
+# semaphores of a spawn Queue (a forkserver one too, Python 3.14's default) and a shared memory block
+SHARE_NAMES = """%%dist
+import multiprocessing as mp
+from multiprocessing import shared_memory
+queue = mp.get_context('spawn').Queue()
+queue.put(rank)
+assert queue.get() == rank
+block = shared_memory.SharedMemory(create=True, size=4096)
+shared = [queue._rlock._semlock.name, queue._sem._semlock.name, block.name]
+"""
+
+
+def _shared_names(kernel: KernelSession) -> list[str]:
+    reply = kernel.execute(SHARE_NAMES)
+    assert reply.error is None, reply.traceback
+    assert reply.stderr == ""
+    paths = []
+    for names in kernel.value("%dist_pull shared"):
+        semaphores, block = names[:2], names[2]
+        paths += [f"/dev/shm/sem.{name.lstrip('/')}" for name in semaphores] + [f"/dev/shm/{block.lstrip('/')}"]
+    assert all(os.path.exists(path) for path in paths), paths
+    return paths
+
+
+def _still_there(paths: list[str], within: float = 5.0) -> list[str]:
+    """The paths that still exist after ``within`` seconds (polling; returns early when all are gone)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(os.path.exists(path) for path in paths):
+        time.sleep(0.05)
+    return [path for path in paths if os.path.exists(path)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="names shared between processes live in /dev/shm on Linux")
+@pytest.mark.parametrize("how", ["timeout", "restart"])
+def test_names_that_ranks_share_are_unlinked_when_the_ranks_end(kernel: KernelSession, how: str) -> None:
+    _ready_pids(kernel, 2)
+    paths = _shared_names(kernel)
+    if how == "timeout":  # the ranks are killed in the middle of a cell
+        reply = kernel.execute("%%dist --timeout 2\nimport time\ntime.sleep(60)")
+        assert reply.error is not None and reply.error["ename"] == "RankTimeout"
+    else:
+        reply = kernel.execute("%dist_restart")
+        assert reply.error is None, reply.traceback
+    assert _still_there(paths) == []
+    _next_cell_works(kernel, 2)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="names shared between processes live in /dev/shm on Linux")
+@pytest.mark.parametrize("how", ["SIGKILL", "shutdown"])
+def test_names_that_ranks_share_do_not_outlive_the_kernel(how: str) -> None:
+    session = KernelSession()
+    session.execute("%load_ext distlab")
+    _ready_pids(session, 2)
+    paths = _shared_names(session)
+    session.kill() if how == "SIGKILL" else session.shutdown()
+    assert _still_there(paths) == []
 
 
 def test_a_cell_that_closes_its_output_leaves_the_next_cell_working(kernel: KernelSession) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import gc
 import importlib
 import json
@@ -104,6 +105,7 @@ class Launcher:
         self.children: dict[int, tuple[str, int, int]] = {}  # pid -> (pool_id, generation, rank)
         self.quotas: dict[int, tuple[str, int]] = {}  # pid -> (its own folder, bytes it may keep there)
         self.reasons: dict[int, str] = {}  # pid -> why the launcher ended it
+        self.trackers: set[int] = set()  # pids of the resource trackers ranks share (see start_tracker)
         self._next_quota_check = 0.0
 
     def serve(self) -> None:
@@ -142,9 +144,14 @@ class Launcher:
         store.listen(128)
         port = store.getsockname()[1]
         scripts_port = _free_port()
+        # a grading rank starts no process, so it needs no tracker of the names its processes share
+        tracker = None if request.writes_confined else os.pipe()
         for rank in request.ranks:
             pid = os.fork()
             if pid == 0:
+                if tracker is not None:
+                    os.close(tracker[0])
+                    share_resource_tracker(tracker[1])
                 self._become_rank(request, rank, store, port, scripts_port)
             try:
                 os.setpgid(pid, pid)  # here too, so the group exists before any kill (no race with the child)
@@ -155,6 +162,37 @@ class Launcher:
                 own = self._own_folder_path(request.pool_id, request.generation, rank)
                 self.quotas[pid] = (own, request.write_quota)
         store.close()
+        if tracker is not None:
+            self.start_tracker(*tracker)
+
+    def start_tracker(self, read_end: int, write_end: int) -> None:
+        """Fork multiprocessing's resource tracker for ranks that already hold ``write_end``.
+
+        Why: a rank's processes share named semaphores (every spawn or forkserver Queue, Lock or
+        Pool makes some) and shared memory; multiprocessing's tracker unlinks what is left when the
+        last process that registered names has gone. Started by a rank, the tracker would sit in
+        the rank's process group and die in the same SIGKILL, leaving the names in /dev/shm for
+        good. Started here, outside that group, it outlives the ranks by the moment it needs to
+        clean up: every rank of the generation holds the write end, so it reads end-of-file when
+        the last of them (and their children) has ended, unlinks what they left and exits.
+        """
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(write_end)
+                kept = _keep_only(read_end)
+                from multiprocessing import resource_tracker
+
+                resource_tracker.main(kept)
+                code = 0
+            except BaseException:  # noqa: BLE001 - SystemExit from main() included; nothing to report to
+                pass
+            finally:
+                os._exit(code)
+        os.close(read_end)
+        os.close(write_end)
+        self.trackers.add(pid)
 
     def police_quotas(self) -> None:
         """A rank confined to its own folder may keep only so much there: past its quota it is
@@ -220,13 +258,17 @@ class Launcher:
         return os.path.join(os.path.dirname(self.path), f"tmp-{pool_id}-{generation}-{rank}")
 
     def reap(self) -> None:
-        while self.children:
+        while self.children or self.trackers:
             try:  # look before reaping: while the rank is a zombie its group id cannot be reused
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
             if exited is None:
                 return
+            if exited.si_pid in self.trackers:  # it cleaned up after a generation that has ended
+                self.trackers.discard(exited.si_pid)
+                os.waitpid(exited.si_pid, 0)
+                continue
             _kill_group(exited.si_pid)  # what the rank left running (a subprocess, a server) ends too
             pid, status = os.waitpid(exited.si_pid, 0)
             pool_id, generation, rank = self.children.pop(pid, ("", 0, -1))
@@ -248,6 +290,25 @@ class Launcher:
                 pass
         self.children.clear()
         self.end_adopted()
+        self.await_trackers()
+
+    def await_trackers(self, seconds: float = 1.0) -> None:
+        """Give the trackers of the ranks just ended the moment they need to unlink what those
+        ranks left; a tracker that takes longer is killed (its names stay, nothing waits forever)."""
+        deadline = time.monotonic() + seconds
+        while self.trackers and time.monotonic() < deadline:
+            for pid in list(self.trackers):
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        continue
+                self.trackers.discard(pid)
+            if self.trackers:
+                time.sleep(0.01)
+        for pid in self.trackers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        self.trackers.clear()
 
     def end_adopted(self) -> None:
         """End the processes that came to the launcher when the rank that started them ended.
@@ -257,7 +318,8 @@ class Launcher:
         is reaped, so no zombie stays.
         """
         for _ in range(100):  # a deadline in rounds: a fork bomb cannot keep the launcher here
-            adopted = [pid for pid in _children_of(os.getpid()) if pid not in self.children]
+            adopted = [pid for pid in _children_of(os.getpid())
+                       if pid not in self.children and pid not in self.trackers]
             if not adopted:
                 return
             for pid in adopted:
@@ -265,6 +327,28 @@ class Launcher:
             for pid in adopted:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
+
+
+def share_resource_tracker(write_end: int) -> None:
+    """Make this process report the names it creates to the tracker behind ``write_end``, as a
+    child that multiprocessing spawns does (``spawn_main`` sets the same attribute); the processes
+    it starts in turn are handed that tracker by multiprocessing itself."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker._resource_tracker._fd = write_end  # type: ignore[attr-defined]
+
+
+def _keep_only(fd: int) -> int:
+    """Close every descriptor but the standard three and a copy of ``fd`` (returned), with stderr
+    sent to /dev/null: a tracker must not hold the kernel's connection or a rank's store open,
+    and its warnings about leftovers it cleans up are not news."""
+    kept = fcntl.fcntl(fd, fcntl.F_DUPFD, 3)  # above the standard three, whatever ``fd`` was
+    os.closerange(3, kept)
+    os.closerange(kept + 1, os.sysconf("SC_OPEN_MAX"))
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    return kept
 
 
 def _free_port() -> int:
