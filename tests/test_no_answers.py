@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import socket
 import subprocess
 import sys
 import zipfile
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab import confine
+from distlab import confine, private_network
 from distlab.grading.catalog import ENTRIES
 from distlab.grading.extract import solution_source
 
@@ -186,9 +187,17 @@ def test_grading_ranks_start_no_program_and_signal_no_one_by_routes_without_an_a
 
 
 FORBIDDEN_PROCESSES = r'''
-import os, signal, socket, subprocess, sys, tempfile, threading
+import ctypes, os, signal, socket, subprocess, sys, tempfile, threading
 import torch
 from distlab import confine
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def call(name, *args):
+    if getattr(libc, name)(*args) != 0:
+        raise OSError(ctypes.get_errno(), name)
+    return 1
 
 desktop = socket.socket(socket.AF_UNIX)  # an abstract socket from outside, as D-Bus or an X server has
 desktop.bind(f"\0distlab-test-{os.getpid()}")
@@ -200,7 +209,9 @@ for name, attempt in (("fork", os.fork), ("program", lambda: subprocess.run(["tr
                       ("pidfd", lambda: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)),
                       ("kill", lambda: os.kill(os.getppid(), 0) if confine.signals_scoped() else 1 / 0),
                       ("abstract", lambda: socket.socket(socket.AF_UNIX).connect(f"\0distlab-test-{os.getpid()}")
-                       if confine.signals_scoped() else 1 / 0)):
+                       if confine.signals_scoped() else 1 / 0),
+                      ("unshare", lambda: call("unshare", 0x40000000)),  # a new network namespace
+                      ("setns", lambda: call("setns", os.open("/proc/self/ns/net", os.O_RDONLY), 0))):
     try:
         if attempt() == 0:
             os._exit(0)  # a child that got through
@@ -224,7 +235,66 @@ def test_a_confined_rank_starts_threads_but_no_process_and_signals_no_one_outsid
     assert done.returncode == 0 and done.stderr == "", done.stderr
     scoped = "PermissionError" if confine.signals_scoped() else "ZeroDivisionError"  # Linux < 6.12: no scopes
     assert done.stdout.split() == ["fork:PermissionError", "program:PermissionError", "pidfd:PermissionError",
-                                   f"kill:{scoped}", f"abstract:{scoped}", "thread", "thread", "thread", "512"], done.stdout
+                                   f"kill:{scoped}", f"abstract:{scoped}", "unshare:PermissionError",
+                                   "setns:PermissionError", "thread", "thread", "thread", "512"], done.stdout
+
+
+def _own_address() -> str | None:
+    """This machine's address on its way out, if it has one (a UDP connect sends nothing)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+CONNECT_OUT = """import socket
+def all_reduce_rs_ag(tensor, op=None, group=None):
+    said = []
+    for address in {addresses!r}:
+        attempt = socket.socket()
+        attempt.settimeout(5)
+        try:
+            attempt.connect(address)
+            said.append(f"REACHED {{address}}")
+        except OSError as refused:
+            said.append(f"{{address[0]}}: {{refused.strerror}}")
+    raise RuntimeError("; ".join(said))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not private_network.works_here(), reason="this machine gives no process a network namespace")
+def test_grading_ranks_reach_each_other_and_no_server_on_the_machine_or_beyond() -> None:
+    """A submission's sockets see only the ranks' own loopback: not a server on the grader's
+    127.0.0.1 (a Jupyter server, the grader's store), not one on the machine's own address."""
+    servers = []
+    for host in ("127.0.0.1", _own_address()):
+        if host is None:
+            continue
+        server = socket.socket()
+        server.bind((host, 0))
+        server.listen(8)
+        server.setblocking(False)
+        servers.append(server)
+    try:
+        addresses = [server.getsockname() for server in servers]
+        graded = _grade(CONNECT_OUT.format(addresses=addresses), ())
+        message = graded[0][2]
+        assert not graded[0][1] and "REACHED" not in message, message
+        assert "127.0.0.1: Connection refused" in message, message
+        if len(addresses) > 1:
+            assert f"{addresses[1][0]}: Network is unreachable" in message, message
+        for server in servers:
+            with pytest.raises(BlockingIOError):
+                server.accept()  # no connection ever arrived
+    finally:
+        for server in servers:
+            server.close()
 
 
 # signal 0 only asks whether a signal could be sent: if the refusal ever broke, nothing is hurt

@@ -181,10 +181,11 @@ _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _CLONE_THREAD = 0x00010000
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
-# audit arch -> (clone, clone3, the others refused outright: fork, vfork, pidfd_send_signal)
+# audit arch -> (clone, clone3, the others refused outright: fork, vfork, pidfd_send_signal, and
+# unshare and setns, the ways out of the private network a grading run gets (distlab.private_network))
 _PROCESS_CALLS = {
-    "x86_64": (0xC000003E, 56, 435, (57, 58, 424)),
-    "aarch64": (0xC00000B7, 220, 435, (424,)),
+    "x86_64": (0xC000003E, 56, 435, (57, 58, 424, 272, 308)),
+    "aarch64": (0xC00000B7, 220, 435, (424, 97, 268)),
 }
 
 
@@ -198,8 +199,8 @@ class _SockFprog(ctypes.Structure):
 
 def _process_filter(arch: int, clone: int, clone3: int, refused: tuple[int, ...],
                     x32: bool) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k): threads (clone with CLONE_THREAD) pass; other clones, fork,
-    vfork and pidfd_send_signal fail with EPERM; clone3 says ENOSYS, so the C library falls back
+    """The filter as (code, jt, jf, k): threads (clone with CLONE_THREAD) pass; other clones and
+    the ``refused`` calls fail with EPERM; clone3 says ENOSYS, so the C library falls back
     to clone for its threads. Another architecture's calls (or x32's) are refused."""
     program: list[tuple[int, int, str | None, str | None]] = [  # (code, k, jump if true, jump if false)
         (_LD_ABS, 4, None, None),  # seccomp_data.arch
@@ -223,7 +224,7 @@ def _process_filter(arch: int, clone: int, clone3: int, refused: tuple[int, ...]
 
 def forbid_new_processes() -> bool:
     """From now on this process, and its threads, may start threads but no process (no fork, no
-    spawn, no vfork) and may not signal through a pidfd. True when the kernel enforces it
+    spawn, no vfork), may not signal through a pidfd and may not change namespaces. True when the kernel enforces it
     (Linux x86_64 or aarch64); False, nothing changed, elsewhere."""
     libc = _libc()
     machine = os.uname().machine if hasattr(os, "uname") else ""

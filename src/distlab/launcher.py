@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import gc
 import importlib
@@ -106,6 +107,7 @@ class Launcher:
         self.quotas: dict[int, tuple[str, int]] = {}  # pid -> (its own folder, bytes it may keep there)
         self.reasons: dict[int, str] = {}  # pid -> why the launcher ended it
         self.trackers: set[int] = set()  # pids of the resource trackers ranks share (see start_tracker)
+        self._networks_work: bool | None = None  # can grading ranks get a network of their own? (asked once)
         self._next_quota_check = 0.0
 
     def serve(self) -> None:
@@ -138,12 +140,18 @@ class Launcher:
                     _kill_group(pid)
 
     def spawn(self, request: SpawnRanks) -> None:
-        # rank 0 hosts the TCPStore on this socket; the OS picks the port, so there is no race
-        store = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        store.bind(("127.0.0.1", 0))
-        store.listen(128)
-        port = store.getsockname()[1]
-        scripts_port = _free_port()
+        network = self._private_network(request)
+        store: socket.socket | None = None
+        if network is not None:  # rank 0 makes its store in the ranks' own network, on known ports
+            from distlab import private_network
+
+            port, scripts_port = private_network.STORE_PORT, private_network.SCRIPTS_PORT
+        else:  # rank 0 hosts the TCPStore on this socket; the OS picks the port, so there is no race
+            store = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            store.bind(("127.0.0.1", 0))
+            store.listen(128)
+            port = store.getsockname()[1]
+            scripts_port = _free_port()
         # a grading rank starts no process, so it needs no tracker of the names its processes share
         tracker = None if request.writes_confined else os.pipe()
         for rank in request.ranks:
@@ -152,7 +160,9 @@ class Launcher:
                 if tracker is not None:
                     os.close(tracker[0])
                     share_resource_tracker(tracker[1])
-                self._become_rank(request, rank, store, port, scripts_port)
+                self._become_rank(request, rank, store, port, scripts_port, network)
+            if network is not None and not network.first:
+                network.first = pid
             try:
                 os.setpgid(pid, pid)  # here too, so the group exists before any kill (no race with the child)
             except OSError:
@@ -161,9 +171,22 @@ class Launcher:
             if request.writes_confined and request.write_quota:
                 own = self._own_folder_path(request.pool_id, request.generation, rank)
                 self.quotas[pid] = (own, request.write_quota)
-        store.close()
+        if store is not None:
+            store.close()
+        if network is not None:
+            network.close()
         if tracker is not None:
             self.start_tracker(*tracker)
+
+    def _private_network(self, request: SpawnRanks) -> _PrivateNetwork | None:
+        """A network of their own for grading ranks, where this machine allows one (asked once)."""
+        if not request.writes_confined:
+            return None
+        if self._networks_work is None:
+            from distlab import private_network
+
+            self._networks_work = private_network.works_here()
+        return _PrivateNetwork(*os.pipe(), others=len(request.ranks) - 1) if self._networks_work else None
 
     def start_tracker(self, read_end: int, write_end: int) -> None:
         """Fork multiprocessing's resource tracker for ranks that already hold ``write_end``.
@@ -208,14 +231,20 @@ class Launcher:
                 self.reasons[pid] = protocol.WRITE_QUOTA_EXCEEDED
                 _kill_group(pid)
 
-    def _become_rank(self, request: SpawnRanks, rank: int, store: socket.socket, port: int,
-                     scripts_port: int) -> None:
+    def _become_rank(self, request: SpawnRanks, rank: int, store: socket.socket | None, port: int,
+                     scripts_port: int, network: _PrivateNetwork | None) -> None:
         code = 1
         try:
             self.conn.close()
             os.setpgid(0, 0)  # its own process group: what the rank starts ends with it (_kill_group)
             die_with_parent()
             adopt_orphans()  # and what leaves the group stays below the rank (see adopt_orphans)
+            if network is not None:
+                network.enter()
+                if rank == 0:
+                    from distlab import private_network
+
+                    store = private_network.store_socket()
             if request.unreadable or request.memory_limit or request.writes_confined:  # before its first thread
                 from distlab import confine
 
@@ -235,7 +264,7 @@ class Launcher:
                 hub_path=self.path, key=self.key, store_port=port, scripts_port=scripts_port,
             )
             code = rank_main(spec, store if rank == 0 else None)
-            if rank != 0:
+            if rank != 0 and store is not None:
                 store.close()
         finally:
             os._exit(code)
@@ -327,6 +356,39 @@ class Launcher:
             for pid in adopted:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
+
+
+@dataclasses.dataclass
+class _PrivateNetwork:
+    """How the ranks of one grading run meet in a network of their own (distlab.private_network):
+    the first rank forked makes it and then lets the others in, one byte each through a pipe."""
+
+    read_end: int
+    write_end: int
+    others: int  # ranks that wait for the first
+    first: int = 0  # the first rank's pid, once it is forked
+
+    def enter(self) -> None:
+        """In a rank, right after its fork, before its first thread."""
+        from distlab import private_network
+
+        if not self.first:
+            os.close(self.read_end)
+            private_network.isolate()
+            os.write(self.write_end, b"." * self.others)
+            os.close(self.write_end)
+        else:
+            os.close(self.write_end)
+            if os.read(self.read_end, 1) != b".":
+                raise OSError("the first rank could not make the ranks' network")
+            os.close(self.read_end)
+            private_network.join(self.first)
+
+    def close(self) -> None:
+        """In the launcher, once every rank is forked: a first rank that fails is then seen by the
+        others as the end of the pipe, so none waits for it for ever."""
+        os.close(self.read_end)
+        os.close(self.write_end)
 
 
 def share_resource_tracker(write_end: int) -> None:
