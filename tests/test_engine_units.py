@@ -203,3 +203,19 @@ def test_each_rank_uses_the_cpus_it_is_given() -> None:
     done = subprocess.run([sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=60, check=True)
     # all CPUs for one rank, one thread each for many, --cpus-per-task, OMP_NUM_THREADS, bound to one CPU
     assert done.stdout.split() == ["True", "1", "5", "3", "1" if len(os.sched_getaffinity(0)) > 1 else "bound"]
+
+
+def test_a_rank_that_fails_before_it_reaches_the_kernel_is_heard_through_the_launchers_log() -> None:
+    """Its line names the rank and why; a pool reads only its own generation's lines."""
+    log = "".join([
+        "some warning the launcher printed\n",
+        protocol.early_failure("p1", 2, 0, OSError("this machine gave the grading ranks no network of their own")),
+        protocol.early_failure("p1", 1, 1, MemoryError()),  # an older generation of the same pool
+        protocol.early_failure("p10", 2, 1, RuntimeError("another pool's")),
+        protocol.early_failure("p1", 2, 1, OSError("the first rank could not make the ranks' own network")),
+    ])
+    assert protocol.early_failures(log, "p1", 2) == [
+        "rank 0 could not start: OSError: this machine gave the grading ranks no network of their own",
+        "rank 1 could not start: OSError: the first rank could not make the ranks' own network"]
+    assert protocol.early_failures(log, "p1", 1) == ["rank 1 could not start: MemoryError"]
+    assert protocol.early_failures("", "p1", 2) == []

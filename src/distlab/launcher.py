@@ -266,6 +266,9 @@ class Launcher:
             code = rank_main(spec, store if rank == 0 else None)
             if rank != 0 and store is not None:
                 store.close()
+        except BaseException as exc:  # noqa: BLE001 - it never reached the kernel: the launcher's log says why
+            with contextlib.suppress(OSError):
+                os.write(2, protocol.early_failure(request.pool_id, request.generation, rank, exc).encode())
         finally:
             os._exit(code)
 
@@ -374,13 +377,16 @@ class _PrivateNetwork:
 
         if not self.first:
             os.close(self.read_end)
-            private_network.isolate()
+            try:
+                private_network.isolate()
+            except OSError as exc:
+                raise OSError(f"this machine gave the grading ranks no network of their own: {exc}") from exc
             os.write(self.write_end, b"." * self.others)
             os.close(self.write_end)
         else:
             os.close(self.write_end)
             if os.read(self.read_end, 1) != b".":
-                raise OSError("the first rank could not make the ranks' network")
+                raise OSError("the first rank could not make the ranks' own network")
             os.close(self.read_end)
             private_network.join(self.first)
 
@@ -411,6 +417,8 @@ def _keep_only(fd: int) -> int:
     os.dup2(devnull, 2)
     os.close(devnull)
     return kept
+
+
 
 
 def _free_port() -> int:

@@ -227,6 +227,8 @@ class Pool:
                 self._kill()
                 detail = "\n".join(f"rank {r}: {text}" for r, text in sorted(errors.items()))
                 detail += "".join(f"\nrank {r} exited with code {c}" for r, c in sorted(exits.items()))
+                detail += "".join(f"\n{line}" for line in protocol.early_failures(  # why, if they said
+                    self.hub.launcher_log(), self.pool_id, self.generation))
                 if self.cluster is not None:  # srun says why (a task launch failed on a node, ...)
                     detail += "\n" + self._cluster_log()
                 raise PoolDied(tr("the ranks could not start their process group ({backend}):\n{detail}",

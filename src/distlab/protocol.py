@@ -107,6 +107,19 @@ class RankExited:
 WRITE_QUOTA_EXCEEDED = "write_quota"  # RankExited.reason: it kept more files than SpawnRanks.write_quota
 
 
+def early_failure(pool_id: str, generation: int, rank: int, exc: BaseException) -> str:
+    """The line a rank that fails before it reaches the kernel leaves in its launcher's log."""
+    why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"distlab: rank {rank} of {pool_id}/{generation} could not start: {why}\n"
+
+
+def early_failures(log: str, pool_id: str, generation: int) -> list[str]:
+    """What the ranks of one generation left in the launcher's log with :func:`early_failure`."""
+    tag = f" of {pool_id}/{generation} could not start: "
+    return [line.removeprefix("distlab: ").replace(f" of {pool_id}/{generation}", "", 1)
+            for line in log.splitlines() if line.startswith("distlab: rank ") and tag in line]
+
+
 # rank -> kernel
 @dataclass(frozen=True)
 class RankHello:

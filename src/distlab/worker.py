@@ -536,12 +536,15 @@ def _safe_str(exc: BaseException) -> str:
         return "<exception str() failed>"
 
 
+
+
 def rank_main(spec: RankSpec, store_socket: socket.socket | None) -> int:
     """Entry point in the forked child; returns the exit code."""
     try:
         rank = Rank(spec)
-    except BaseException:  # noqa: BLE001 - no channel to the kernel: the launcher log keeps why
+    except BaseException as exc:  # noqa: BLE001 - no channel to the kernel: the launcher log keeps why
         os.write(2, traceback.format_exc().encode())
+        os.write(2, protocol.early_failure(spec.pool_id, spec.generation, spec.rank, exc).encode())
         return 1
     try:
         rank.join(store_socket)
