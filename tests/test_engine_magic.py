@@ -424,6 +424,16 @@ def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
     assert all(f"[rank {r}] default" in reply.stdout for r in range(4))
 
 
+@pytest.mark.parametrize("line", ["breakpoint()", "import pdb; pdb.set_trace()"])
+def test_a_debugger_on_a_rank_says_why_it_cannot_stop(kernel: KernelSession, line: str) -> None:
+    reply = kernel.execute(f"%%dist -n 2\nx = rank\n{line}\nprint('after', x)")
+    assert reply.error is not None and reply.stderr == ""
+    assert "cannot stop a rank" in reply.traceback and "%dist_pull" in reply.traceback
+    reply = kernel.execute("%%dist -n 2\nprint('next', x)")
+    assert reply.error is None, reply.traceback
+    assert all(f"[rank {r}] next {r}" in reply.stdout for r in range(2))
+
+
 FORK_CELL = """%%dist
 import os, sys
 pid = os.fork()

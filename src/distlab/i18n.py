@@ -188,6 +188,11 @@ ZH: dict[str, str] = {
     "then copy it to the ranks with %dist_push NAME":
         "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"
         "再用 %dist_push NAME 把它复制到各个 rank。",
+    "(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
+    "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
+    "at them there.)":
+        "（调试器无法让 rank 停下来：没有人能向它输入，所以 breakpoint() 和 pdb 会立刻退出。"
+        "请打印你想看的值，或者用 %dist_pull NAME 把它们复制到内核里再查看。）",
     "mp.{entry}({name}, nprocs={n}) would start {n} processes on each of this cell's {w} ranks, and they could not "
     "import {name} from the cell. Run the cell with %%dist -n {n}: mp.{entry} then runs {name}(rank, ...) on the "
     "ranks themselves.":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import bdb
 import dataclasses
 import datetime
 import faulthandler
@@ -476,6 +477,10 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
                    "takes device_id=device.)") + "\n"
     if "Too many open files" in _safe_str(exc):
         text += _open_files_hint()
+    if isinstance(exc, bdb.BdbQuit):  # pdb read EOF from NoKeyboard and quit: say why, not bdb's frames alone
+        text += tr("(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
+                   "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
+                   "at them there.)") + "\n"
     kind = exc.failure_kind if isinstance(exc, SubmissionFailed) else FailureKind.RAISED
     return RankFailure(rank, type(exc).__name__, _safe_str(exc), text, filename, lineno, line, kind=kind)
 
