@@ -424,14 +424,39 @@ def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
     assert all(f"[rank {r}] default" in reply.stdout for r in range(4))
 
 
+def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: KernelSession, tmp_path) -> None:
+    """``%cd``, ``%env`` and a module written beside the notebook hold in a ``%%dist`` cell as in
+    any cell; what a rank's own cell set stays until the kernel changes the same thing."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "follow_helper.py").write_text("VALUE = 7\n")
+    setup = kernel.execute(f"import os, sys\n_before = os.getcwd()\nos.chdir({str(tmp_path)!r})\n"
+                           "sys.path.append('lib')\nos.environ['FOLLOW_SETTING'] = 'from the kernel'")
+    assert setup.error is None, setup.traceback
+    try:
+        show = "%%dist\nimport os, follow_helper\nprint(os.getcwd(), follow_helper.VALUE, os.environ.get('FOLLOW_SETTING'))"
+        reply = kernel.execute(show)
+        assert reply.error is None and reply.stderr == "", reply.traceback
+        assert all(f"[rank {r}] {tmp_path} 7 from the kernel" in reply.stdout for r in range(4)), reply.stdout
+        own = kernel.execute("%%dist\nos.chdir('lib'); os.environ['FOLLOW_SETTING'] = f'own {rank}'")
+        assert own.error is None, own.traceback
+        reply = kernel.execute(show)
+        assert all(f"[rank {r}] {tmp_path / 'lib'} 7 own {r}" in reply.stdout for r in range(4)), reply.stdout
+        again = kernel.execute("del os.environ['FOLLOW_SETTING']\nos.chdir('lib')")
+        assert again.error is None, again.traceback
+        reply = kernel.execute(show)
+        assert all(f"[rank {r}] {tmp_path / 'lib'} 7 None" in reply.stdout for r in range(4)), reply.stdout
+    finally:
+        kernel.execute("os.chdir(_before)\nsys.path.remove('lib')\nos.environ.pop('FOLLOW_SETTING', None)")
+
+
 @pytest.mark.parametrize("line", ["breakpoint()", "import pdb; pdb.set_trace()"])
 def test_a_debugger_on_a_rank_says_why_it_cannot_stop(kernel: KernelSession, line: str) -> None:
-    reply = kernel.execute(f"%%dist -n 2\nx = rank\n{line}\nprint('after', x)")
+    reply = kernel.execute(f"%%dist\nx = rank\n{line}\nprint('after', x)")
     assert reply.error is not None and reply.stderr == ""
     assert "cannot stop a rank" in reply.traceback and "%dist_pull" in reply.traceback
-    reply = kernel.execute("%%dist -n 2\nprint('next', x)")
+    reply = kernel.execute("%%dist\nprint('next', x)")
     assert reply.error is None, reply.traceback
-    assert all(f"[rank {r}] next {r}" in reply.stdout for r in range(2))
+    assert all(f"[rank {r}] next {r}" in reply.stdout for r in range(4))
 
 
 FORK_CELL = """%%dist

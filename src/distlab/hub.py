@@ -34,7 +34,8 @@ class Hub:
 
     def __init__(self) -> None:
         self.key = secrets.token_bytes(32)
-        self.dir, self.launcher = prestart.take()  # already importing torch, if %load_ext started it
+        # the launcher is already importing torch if %load_ext started it
+        self.dir, self.launcher, self.launcher_environ = prestart.take()
         self.path = os.path.join(self.dir, "hub.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)

@@ -188,6 +188,8 @@ ZH: dict[str, str] = {
     "then copy it to the ranks with %dist_push NAME":
         "rank 没有键盘，所以 input() 和 sys.stdin 在这里读不到东西。请在普通单元格里读取这个值，"
         "再用 %dist_push NAME 把它复制到各个 rank。",
+    "distlab: rank {rank} cannot enter the kernel's folder ({why}) and stays in {cwd}":
+        "distlab：rank {rank} 无法进入内核所在的文件夹（{why}），仍留在 {cwd}",
     "(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
     "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
     "at them there.)":

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import cloudpickle
 
-from distlab import codeship, protocol
+from distlab import codeship, follow, protocol
 from distlab.backends import resolve_backend
 from distlab.cluster import ClusterLaunch
 from distlab.confine import QUOTA_ENTRIES, WRITE_QUOTA
@@ -312,7 +312,9 @@ class Pool:
     def run_cell(self, source: str, filename: str, ranks: Sequence[int] | None = None,
                  timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
         cell_lines = {filename: source.splitlines()}
-        return self.execute(lambda t: protocol.RunCell(t, source, filename, trace), ranks, timeout, cell_lines)
+        context = follow.capture(self.hub.launcher_environ)
+        return self.execute(lambda t: protocol.RunCell(t, source, filename, trace, context), ranks, timeout,
+                            cell_lines)
 
     def call(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
              timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
@@ -321,8 +323,8 @@ class Pool:
             payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), files, sources))
         except Exception as exc:  # noqa: BLE001 - whatever pickling raises, the learner's news is the same
             raise TransferFailed.to_ranks(tr("the function or its arguments"), exc) from None
-        path = tuple(sys.path)
-        return self.execute(lambda t: protocol.RunFunction(t, payload, trace, path), None, timeout)
+        context = follow.capture(self.hub.launcher_environ)
+        return self.execute(lambda t: protocol.RunFunction(t, payload, trace, context), None, timeout)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> list[Any]:
         return values_of(self.execute(lambda t: protocol.Pull(t, name), ranks, timeout))

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 LOG = "launcher.log"  # in the folder take() returns: what the launcher printed, for error messages
-_started: tuple[str, subprocess.Popen[bytes]] | None = None
+_started: tuple[str, subprocess.Popen[bytes], dict[str, str]] | None = None
 
 
 def start_early() -> None:
@@ -25,8 +25,9 @@ def start_early() -> None:
         _started = _start()
 
 
-def take() -> tuple[str, subprocess.Popen[bytes]]:
-    """A private folder and a launcher writing its log there: the early one if it still runs."""
+def take() -> tuple[str, subprocess.Popen[bytes], dict[str, str]]:
+    """A private folder, a launcher writing its log there (the early one if it still runs), and the
+    kernel's environment when it started, which its ranks follow from (distlab.follow)."""
     global _started
     started, _started = _started, None
     if started is not None and started[1].poll() is None:
@@ -36,10 +37,11 @@ def take() -> tuple[str, subprocess.Popen[bytes]]:
     return _start()
 
 
-def _start() -> tuple[str, subprocess.Popen[bytes]]:
+def _start() -> tuple[str, subprocess.Popen[bytes], dict[str, str]]:
     folder = tempfile.mkdtemp(prefix="distlab-")
     os.chmod(folder, 0o700)
-    env = dict(os.environ)
+    kernel_env = dict(os.environ)
+    env = dict(kernel_env)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env["MPLBACKEND"] = "module://distlab.rank_backend"
     env["PYTHONUNBUFFERED"] = "1"
@@ -49,4 +51,4 @@ def _start() -> tuple[str, subprocess.Popen[bytes]]:
             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, env=env,
         )
-    return folder, launcher
+    return folder, launcher, kernel_env

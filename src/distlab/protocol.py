@@ -214,11 +214,21 @@ class Done:
 
 # kernel -> rank
 @dataclass(frozen=True)
+class KernelContext:
+    """What a cell in the kernel would run with (distlab.follow)."""
+
+    cwd: str = ""
+    sys_path: tuple[str, ...] = ()  # the caller's import path, so its modules import on the rank too
+    environ: tuple[tuple[str, str | None], ...] = ()  # variables the kernel changed: name, value (None: unset)
+
+
+@dataclass(frozen=True)
 class RunCell:
     task: int
     source: str
     filename: str
     trace: bool = False
+    context: KernelContext = KernelContext()
     kind: Literal["run_cell"] = "run_cell"
 
 
@@ -227,7 +237,7 @@ class RunFunction:
     task: int
     payload: bytes  # cloudpickle of (fn, args, kwargs, code file names, source lines)
     trace: bool = False
-    sys_path: tuple[str, ...] = ()  # the caller's import path, so its modules import on the rank too
+    context: KernelContext = KernelContext()
     kind: Literal["run_function"] = "run_function"
 
 
@@ -269,7 +279,7 @@ Message = Union[
 Task = Union[RunCell, RunFunction, Pull, Push, Regroup]
 
 _ALLOWED = {cls.__name__: cls for cls in (
-    RankFailure, FailureKind, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
+    RankFailure, KernelContext, FailureKind, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
     RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, ControlHello, Rendezvous,
     Control, Stack,
 )}

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from distlab import codeship, protocol, rank_io, scripts
 from distlab.errors import SubmissionFailed, TransferFailed
+from distlab.follow import Follower
 from distlab.i18n import tr
 from distlab.protocol import (
     Done,
@@ -118,6 +119,7 @@ class Rank:
         self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
         self._given: dict[str, Any] = {}  # the names every rank starts with (set when it joins)
         self._rebound: dict[str, str] = {}  # the names given to every rank that a cell rebound, as last said
+        self._follower = Follower()  # the kernel's folder, import path and environment (distlab.follow)
         signal.signal(signal.SIGINT, self._on_interrupt)
 
     def join(self, store_socket: socket.socket | None) -> None:
@@ -336,11 +338,13 @@ class Rank:
                          name=name, value=shown, rank=self.spec.rank), file=sys.stderr)
 
     def _run(self, task: protocol.Task) -> bytes | None:
+        if isinstance(task, (RunCell, RunFunction)):
+            self._follow(task.context)
         if isinstance(task, RunCell):
             self._restore_deleted_names()
             self._run_cell(task.source, task.filename)
             return None
-        if isinstance(task, (RunFunction, Push)):
+        if isinstance(task, Push):
             sys.path.extend(p for p in task.sys_path if p not in sys.path)
         if isinstance(task, RunFunction):
             fn, args, kwargs, files, sources = cloudpickle.loads(task.payload)
@@ -360,6 +364,12 @@ class Rank:
             self._regroup(task.round)
             return None
         raise TypeError(f"unknown task {type(task).__name__}")
+
+    def _follow(self, context: protocol.KernelContext) -> None:
+        missing = self._follower.apply(context)
+        if missing:  # another host without the kernel's folder: say so, once per change of folder
+            print(tr("distlab: rank {rank} cannot enter the kernel's folder ({why}) and stays in {cwd}",
+                     rank=self.spec.rank, why=missing, cwd=os.getcwd()), file=sys.stderr)
 
     @staticmethod
     def _result(value: Any, what: str) -> bytes:
