@@ -171,3 +171,26 @@ def test_every_wait_ends_in_one_outcome_value(source: str, status: str, error: s
                 (1, "ValueError", protocol.FailureKind.RAISED)]
     finally:
         pool.stop()
+
+
+def _environment_seen() -> tuple[str | None, str]:
+    import os
+
+    return os.environ.get("FOLLOW_RUN_SETTING"), os.getcwd()
+
+
+def test_ranks_follow_the_callers_folder_and_environment_but_grading_ranks_do_not(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A grade must not depend on the folder or variables the notebook's kernel was left with."""
+    from distlab.pool import Pool, values_of
+
+    Hub.get()  # the launcher (and every rank) starts before the caller changes anything
+    monkeypatch.setenv("FOLLOW_RUN_SETTING", "the caller's")
+    monkeypatch.chdir(tmp_path)
+    assert distlab.run(_environment_seen, world_size=2) == [("the caller's", str(tmp_path))] * 2
+    grading = Pool(2, "gloo", confine_writes=True)
+    try:
+        seen = values_of(grading.call(_environment_seen))
+    finally:
+        grading.stop()
+    assert all(value is None and folder != str(tmp_path) for value, folder in seen), seen

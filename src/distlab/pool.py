@@ -312,7 +312,7 @@ class Pool:
     def run_cell(self, source: str, filename: str, ranks: Sequence[int] | None = None,
                  timeout: float = 60.0, trace: bool = False) -> dict[int, Done]:
         cell_lines = {filename: source.splitlines()}
-        context = follow.capture(self.hub.launcher_environ)
+        context = self._kernel_context()
         return self.execute(lambda t: protocol.RunCell(t, source, filename, trace, context), ranks, timeout,
                             cell_lines)
 
@@ -323,8 +323,15 @@ class Pool:
             payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), files, sources))
         except Exception as exc:  # noqa: BLE001 - whatever pickling raises, the learner's news is the same
             raise TransferFailed.to_ranks(tr("the function or its arguments"), exc) from None
-        context = follow.capture(self.hub.launcher_environ)
+        context = self._kernel_context()
         return self.execute(lambda t: protocol.RunFunction(t, payload, trace, context), None, timeout)
+
+    def _kernel_context(self) -> protocol.KernelContext:
+        """What the ranks follow of the kernel (distlab.follow). Grading ranks get the import path
+        alone: a grade must not depend on the folder or variables the notebook's kernel was left with."""
+        if self.confine_writes:
+            return protocol.KernelContext(sys_path=tuple(sys.path))
+        return follow.capture(self.hub.launcher_environ)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> list[Any]:
         return values_of(self.execute(lambda t: protocol.Pull(t, name), ranks, timeout))
