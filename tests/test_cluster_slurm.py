@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -326,3 +327,38 @@ def test_a_course_notebook_runs_headless_on_the_cluster(cluster: SlurmCluster) -
         if cell.cell_type == "code":
             assert not [o for o in cell.outputs if o.output_type == "error"], cell.source[:200]
     _wait_no_jobs(cluster)
+
+
+def test_a_kernel_whose_allocation_a_step_holds_still_gets_its_ranks(
+        cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JupyterLab started with ``srun --pty`` runs in a step that holds its allocation's CPUs, and
+    since Slurm 20.11 a step waits for CPUs another step holds: the ranks never started."""
+    env = dict(os.environ, **cluster.env())
+    granted = subprocess.run(["salloc", "--no-shell", "--nodes=2", "--ntasks-per-node=4"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    job = re.search(r"Granted job allocation (\d+)", granted.stderr)
+    assert job is not None, granted.stderr
+    holder = subprocess.Popen(["srun", f"--jobid={job[1]}", "--nodes=2", "--ntasks-per-node=4", "sleep", "600"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    session: KernelSession | None = None
+    try:
+        deadline = time.monotonic() + 60
+        while f"{job[1]}.0" not in subprocess.run(["squeue", "-h", "-s", "-o", "%i"], env=env, capture_output=True,
+                                                  text=True, timeout=10).stdout:
+            assert time.monotonic() < deadline, "the step holding every CPU did not start"
+            time.sleep(0.1)
+        monkeypatch.setenv("SLURM_JOB_ID", job[1])  # the kernel runs inside the allocation
+        session = KernelSession()
+        start = session.execute("%load_ext distlab\n" + START, timeout=180)
+        assert start.error is None, start.traceback + cluster.logs()
+        reply = session.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+        assert reply.error is None, reply.traceback
+        assert sorted(reply.stdout.splitlines()) == [f"[rank {r} @dlnode{1 + r // 2}] 4.0" for r in range(4)]
+    finally:
+        if session is not None:
+            session.shutdown()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGTERM)
+        holder.wait(timeout=30)
+        subprocess.run(["scancel", job[1]], env=env, capture_output=True, timeout=30)
+        _wait_no_jobs(cluster)

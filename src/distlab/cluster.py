@@ -99,7 +99,7 @@ class ClusterLaunch:
         full.update(env)
         self.job_name = f"distlab-{env['DISTLAB_POOL'].replace(':', '-')}"  # one per generation
         srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--unbuffered",
-                f"--job-name={self.job_name}", *self.srun_args, *command]
+                f"--job-name={self.job_name}", *_share_the_allocation(self.srun_args), *self.srun_args, *command]
         with open(log_path, "ab") as log:
             try:
                 self.process = subprocess.Popen(srun, env=full, stdin=subprocess.DEVNULL, stdout=log,
@@ -156,6 +156,17 @@ class ClusterLaunch:
                               capture_output=True, text=True, timeout=30)
         found = sorted({tuple(line.split("|", 1)) for line in done.stdout.splitlines() if "|" in line})
         return ", ".join(f"{node} ({reason})" if reason else node for node, reason in found)
+
+
+def _share_the_allocation(srun_args: tuple[str, ...]) -> list[str]:
+    """``--overlap`` when the kernel runs inside an allocation. JupyterLab started with
+    ``srun --pty`` holds the allocation's CPUs in a step of its own, and since Slurm 20.11 a step
+    waits for CPUs another step holds: the ranks' step would wait for ever ("step creation
+    temporarily disabled"). The same holds for a previous generation's step that is still ending.
+    Not when the user asked for CPUs of the step's own (``--exclusive``) or said it already."""
+    if not os.environ.get("SLURM_JOB_ID") or any(arg.startswith(("--overlap", "--exclusive")) for arg in srun_args):
+        return []
+    return ["--overlap"]
 
 
 def _end(process: subprocess.Popen[bytes], job_name: str) -> None:
