@@ -430,7 +430,8 @@ def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: Ker
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "follow_helper.py").write_text("VALUE = 7\n")
     setup = kernel.execute(f"import os, sys\n_before = os.getcwd()\nos.chdir({str(tmp_path)!r})\n"
-                           "sys.path.append('lib')\nos.environ['FOLLOW_SETTING'] = 'from the kernel'")
+                           "sys.path.append(__import__('pathlib').Path('lib'))\n"  # a Path, as people write
+                           "os.environ['FOLLOW_SETTING'] = 'from the kernel'")
     assert setup.error is None, setup.traceback
     try:
         show = "%%dist\nimport os, follow_helper\nprint(os.getcwd(), follow_helper.VALUE, os.environ.get('FOLLOW_SETTING'))"
@@ -446,7 +447,8 @@ def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: Ker
         reply = kernel.execute(show)
         assert all(f"[rank {r}] {tmp_path / 'lib'} 7 None" in reply.stdout for r in range(4)), reply.stdout
     finally:
-        kernel.execute("os.chdir(_before)\nsys.path.remove('lib')\nos.environ.pop('FOLLOW_SETTING', None)")
+        kernel.execute("os.chdir(_before)\nsys.path[:] = [p for p in sys.path if str(p) != 'lib']\n"
+                       "os.environ.pop('FOLLOW_SETTING', None)")
 
 
 @pytest.mark.parametrize("line", ["breakpoint()", "import pdb; pdb.set_trace()"])

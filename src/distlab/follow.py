@@ -43,7 +43,14 @@ def capture(baseline: Mapping[str, str]) -> KernelContext:
     now = os.environ
     changed: list[tuple[str, str | None]] = [(name, value) for name, value in now.items() if baseline.get(name) != value and _followed(name)]
     changed += [(name, None) for name in baseline if name not in now and _followed(name)]
-    return KernelContext(cwd, tuple(sys.path), tuple(sorted(changed, key=lambda item: item[0])))
+    return KernelContext(cwd, import_path(), tuple(sorted(changed, key=lambda item: item[0])))
+
+
+def import_path() -> tuple[str, ...]:
+    """The kernel's ``sys.path`` as text: ``sys.path.append(Path("src"))`` is common, and a message
+    may carry nothing but plain values (a Path would be refused on the rank's side)."""
+    entries = (os.fspath(entry) if isinstance(entry, os.PathLike) else entry for entry in sys.path)
+    return tuple(entry for entry in entries if isinstance(entry, str))
 
 
 class Follower:

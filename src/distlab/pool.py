@@ -14,7 +14,6 @@ import pickle
 import secrets
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -330,7 +329,7 @@ class Pool:
         """What the ranks follow of the kernel (distlab.follow). Grading ranks get the import path
         alone: a grade must not depend on the folder or variables the notebook's kernel was left with."""
         if self.confine_writes:
-            return protocol.KernelContext(sys_path=tuple(sys.path))
+            return protocol.KernelContext(sys_path=follow.import_path())
         return follow.capture(self.hub.launcher_environ)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None, timeout: float = 60.0) -> list[Any]:
@@ -341,7 +340,7 @@ class Pool:
             payload = cloudpickle.dumps(value)
         except Exception as exc:  # noqa: BLE001 - as in call()
             raise TransferFailed.to_ranks(tr("the value of {name!r}", name=name), exc) from None
-        path = tuple(sys.path)
+        path = follow.import_path()
         self.execute(lambda t: protocol.Push(t, name, payload, path), ranks, timeout)
 
     def execute(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
