@@ -386,6 +386,48 @@ def test_display_of_a_figure_shows_an_image(kernel: KernelSession) -> None:
     assert reply.stderr == ""
 
 
+RICH_CELL = """%%dist
+from IPython.display import display, HTML
+import numpy as np
+display(HTML(f"<b>html of {rank}</b>"))
+handle = display(HTML("first"), display_id=True)
+handle.update(HTML(f"<i>updated on {rank}</i>"))
+class Table:
+    def _repr_html_(self):
+        return np.str_(f"<table><td>{rank}</td></table>")  # a numpy string, as libraries return
+    def _repr_json_(self):
+        return {"rank": np.int64(rank), "scale": np.float32(0.5)}
+Table()
+"""
+
+
+def test_ipython_display_and_rich_values_show_as_in_a_notebook(kernel: KernelSession) -> None:
+    """``IPython.display.display`` printed ``<IPython.core.display.HTML object>`` on a rank, and a
+    representation holding numpy values broke the cell with distlab's own traceback."""
+    reply = kernel.execute(RICH_CELL)
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert "IPython.core.display.HTML object" not in reply.stdout
+    html = [str(out["data"].get("text/html")) for out in reply.outputs]
+    for r in range(4):
+        assert f"<b>html of {r}</b>" in html and f"<i>updated on {r}</i>" in html, html
+        assert f"<table><td>{r}</td></table>" in html, html
+        assert {"rank": r, "scale": 0.5} in [out["data"].get("application/json") for out in reply.outputs]
+    reply = kernel.execute("%%dist\ntorch.arange(3) * rank")  # text alone stays a labelled line
+    assert all(f"[rank {r}] tensor([0, {r}, {2 * r}])" in reply.stdout for r in range(4)), reply.stdout
+
+
+def test_a_message_the_kernel_refuses_is_named_and_the_cell_goes_on(kernel: KernelSession) -> None:
+    reply = kernel.execute(
+        "%%dist\nimport numpy as np\nfrom distlab.protocol import Display\n"
+        "from distlab import rank_io\n"  # the rank's own channel, as display uses it
+        "send = next(c.cell_contents for c in rank_io.current_display.__closure__\n"
+        "            if getattr(c.cell_contents, '__name__', '') == 'send')\n"
+        "send(Display(rank, {'text/plain': np.float32(1.5)}, {}))\nprint('still here', rank)")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert all(f"[rank {r}] still here {r}" in reply.stdout for r in range(4)), reply.stdout
+    assert "the kernel refused a message from rank" in reply.stdout
+
+
 def test_stderr_and_warnings_from_ranks_are_labelled_on_stdout(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport sys, warnings\nprint('to stderr', file=sys.stderr)\n"
                            "warnings.warn('careful')")

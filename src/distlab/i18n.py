@@ -190,6 +190,8 @@ ZH: dict[str, str] = {
         "再用 %dist_push NAME 把它复制到各个 rank。",
     "distlab: rank {rank} cannot enter the kernel's folder ({why}) and stays in {cwd}":
         "distlab：rank {rank} 无法进入内核所在的文件夹（{why}），仍留在 {cwd}",
+    "distlab: the kernel refused a message from rank {rank} ({why})":
+        "distlab：内核拒绝了来自 rank {rank} 的一条消息（{why}）",
     "(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
     "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
     "at them there.)":

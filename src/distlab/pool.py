@@ -590,6 +590,9 @@ class _Waiter:
             except (EOFError, OSError):
                 self.lost[rank] = None
                 self.pending.discard(rank)
+            except pickle.UnpicklingError as exc:  # the rank goes on; the cell says what was dropped
+                pool.sink.output(rank, "stderr", tr("distlab: the kernel refused a message from rank {rank} ({why})",
+                                                    rank=rank, why=exc) + "\n")
         exits = pool.hub.exits(pool.pool_id, pool.generation)
         for rank in list(self.pending):
             if rank in exits:

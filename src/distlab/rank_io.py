@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import base64
 import codecs
+import importlib.abc
+import importlib.machinery
 import io
 import os
 import select
 import signal
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -168,7 +171,35 @@ def flush_standard_streams() -> None:
 
 
 def mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:
-    """The richest representations of ``obj`` that a notebook can show, without IPython."""
+    """The richest representations of ``obj`` that a notebook can show, without IPython, as plain
+    values: the kernel reads a message only when everything in it is a builtin type, and a
+    ``_repr_html_`` may well return a numpy string."""
+    data, metadata = _mime_bundle(obj)
+    return _plain(data), _plain(metadata)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with builtin types only (JSON's, as a notebook stores them)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    for convert, sign in ((int, "__index__"), (float, "__float__")):  # numpy's and torch's scalars
+        if isinstance(value, convert) or hasattr(value, sign):
+            try:
+                return convert(value)
+            except (TypeError, ValueError, OverflowError):
+                pass
+    return str(value)
+
+
+def _mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:
     data: dict[str, object] = {"text/plain": repr(obj)}
     metadata: dict[str, object] = {}
     if type(obj).__module__.startswith("matplotlib") and hasattr(obj, "savefig"):
@@ -185,10 +216,13 @@ def mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:
         return data, metadata
     for mime, method in (
         ("text/html", "_repr_html_"), ("image/svg+xml", "_repr_svg_"), ("text/markdown", "_repr_markdown_"),
-        ("text/latex", "_repr_latex_"), ("image/png", "_repr_png_"),
+        ("text/latex", "_repr_latex_"), ("image/png", "_repr_png_"), ("image/jpeg", "_repr_jpeg_"),
+        ("application/json", "_repr_json_"),
     ):
         render = getattr(obj, method, None)
         value = render() if callable(render) else None
+        if isinstance(value, tuple) and len(value) == 2:  # (data, metadata), as IPython's Image gives
+            value, metadata[mime] = value
         if isinstance(value, bytes):
             value = base64.b64encode(value).decode()
         if value is not None:
@@ -196,12 +230,86 @@ def mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:
     return data, metadata
 
 
-def make_display(rank: int, send: Send, output: CapturedOutput) -> Callable[..., None]:
-    def display(*objs: Any) -> None:
-        """Show objects (figures, HTML, anything with a repr) in the cell, labelled by rank."""
+def make_display(rank: int, send: Send, output: CapturedOutput) -> Callable[..., Any]:
+    def display(*objs: Any, raw: bool = False, metadata: dict[str, object] | None = None,
+                display_id: Any = None, **_options: Any) -> DisplayHandle | None:
+        """Show objects (figures, HTML, anything with a repr) in the cell, labelled by rank. Takes
+        IPython's ``display`` arguments: ``raw=True`` objects are bundles already; a display id
+        gives a handle whose ``update`` shows the new value below (a rank has no output to replace)."""
         output.sync()
         for obj in objs:
-            data, metadata = mime_bundle(obj)
-            send(Display(rank, data, metadata))
+            data, extra = (_plain(obj), {}) if raw and isinstance(obj, dict) else mime_bundle(obj)
+            send(Display(rank, data, {**extra, **_plain(metadata or {})}))
+        return DisplayHandle(display) if display_id else None
 
     return display
+
+
+class DisplayHandle:
+    """What ``display(..., display_id=True)`` returns on a rank."""
+
+    def __init__(self, show: Callable[..., Any]) -> None:
+        self._show = show
+
+    def display(self, obj: Any, **options: Any) -> None:
+        self._show(obj, **options)
+
+    def update(self, obj: Any, **options: Any) -> None:
+        self._show(obj, **options)
+
+
+def show_value(value: Any) -> None:
+    """A cell's last value: printed when text is all it has (a tensor, a number), as the labelled
+    line it always was; shown richly when it has more (a DataFrame's table, HTML, an image)."""
+    data, _ = mime_bundle(value)
+    if set(data) == {"text/plain"} or current_display is None:
+        print(data["text/plain"])
+    else:
+        current_display(value)
+
+
+_IPYTHON_DISPLAY = "IPython.core.display_functions"
+
+
+def route_ipython_display() -> None:
+    """``from IPython.display import display, HTML`` on a rank: IPython, with no kernel around it,
+    prints ``<IPython.core.display.HTML object>``. Its ``display`` becomes the rank's own, which
+    shows the object in the cell, now or whenever IPython is first imported (importing it here
+    would add its import time to every cold start)."""
+    module = sys.modules.get(_IPYTHON_DISPLAY)
+    if module is not None:
+        module.display = _display_for_ipython  # type: ignore[attr-defined]
+    elif not any(isinstance(finder, _RouteOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RouteOnImport())
+
+
+def _display_for_ipython(*objs: Any, **options: Any) -> Any:
+    if current_display is None:
+        print(*(repr(obj) for obj in objs))
+        return None
+    return current_display(*objs, **options)
+
+
+class _RouteOnImport(importlib.abc.MetaPathFinder):
+    """Finds IPython's display module with the other finders, and routes its ``display`` as soon as
+    the module has run, before ``IPython.display`` copies the name."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _IPYTHON_DISPLAY:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader.exec_module = _then_route(spec.loader.exec_module)  # type: ignore[method-assign,assignment]
+                return spec
+        return None
+
+
+def _then_route(run: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
+    def exec_module(module: types.ModuleType) -> None:
+        run(module)
+        module.display = _display_for_ipython  # type: ignore[attr-defined]
+
+    return exec_module

@@ -264,6 +264,7 @@ class Rank:
         }
         namespace.update(self._given)
         rank_io.current_display = self._given["display"]
+        rank_io.route_ipython_display()
         return namespace
 
     def _restore_deleted_names(self) -> None:
@@ -392,7 +393,7 @@ class Rank:
             value = self._finish(eval(compile(last, filename, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT),
                                       self.namespace))
             if value is not None:
-                print(repr(value))
+                rank_io.show_value(value)
         self.in_user_code = False
 
     def _finish(self, value: Any) -> Any:
