@@ -36,10 +36,7 @@ def _followed(name: str) -> bool:
 def capture(baseline: Mapping[str, str]) -> KernelContext:
     """The kernel's context now; ``baseline`` is the environment the launcher (and so every rank)
     started with."""
-    try:
-        cwd = os.getcwd()
-    except OSError:  # the kernel's folder was removed: the ranks stay where they are
-        cwd = ""
+    cwd = _cwd_or_empty()  # "" when the kernel's folder was removed: the ranks stay where they are
     now = os.environ
     changed: list[tuple[str, str | None]] = [(name, value) for name, value in now.items() if baseline.get(name) != value and _followed(name)]
     changed += [(name, None) for name in baseline if name not in now and _followed(name)]
@@ -51,6 +48,11 @@ def import_path() -> tuple[str, ...]:
     may carry nothing but plain values (a Path would be refused on the rank's side)."""
     entries = (os.fspath(entry) if isinstance(entry, os.PathLike) else entry for entry in sys.path)
     return tuple(entry for entry in entries if isinstance(entry, str))
+
+
+def extend_import_path(entries: tuple[str, ...]) -> None:
+    """The rank imports what the kernel can: its path entries, after the rank's own."""
+    sys.path.extend(entry for entry in entries if entry not in sys.path)
 
 
 class Follower:
@@ -70,7 +72,7 @@ class Follower:
                 os.chdir(context.cwd)
             except OSError as exc:
                 note = f"{context.cwd}: {exc.strerror}"
-        sys.path.extend(entry for entry in context.sys_path if entry not in sys.path)
+        extend_import_path(context.sys_path)
         environ = dict(context.environ)
         for name in environ.keys() | self._environ.keys():
             if environ.get(name, _BORN) == self._environ.get(name, _BORN):

@@ -261,11 +261,11 @@ class DisplayHandle:
 def show_value(value: Any) -> None:
     """A cell's last value: printed when text is all it has (a tensor, a number), as the labelled
     line it always was; shown richly when it has more (a DataFrame's table, HTML, an image)."""
-    data, _ = mime_bundle(value)
+    data, metadata = mime_bundle(value)
     if set(data) == {"text/plain"} or current_display is None:
         print(data["text/plain"])
-    else:
-        current_display(value)
+    else:  # the bundle made above, not a second one (repr and _repr_html_ may be costly)
+        current_display(data, raw=True, metadata=metadata)
 
 
 _IPYTHON_DISPLAY = "IPython.core.display_functions"

@@ -38,9 +38,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import codeship, protocol, rank_io, scripts
+from distlab import codeship, follow, protocol, rank_io, scripts
 from distlab.errors import SubmissionFailed, TransferFailed
-from distlab.follow import Follower
 from distlab.i18n import tr
 from distlab.protocol import (
     Done,
@@ -119,7 +118,7 @@ class Rank:
         self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
         self._given: dict[str, Any] = {}  # the names every rank starts with (set when it joins)
         self._rebound: dict[str, str] = {}  # the names given to every rank that a cell rebound, as last said
-        self._follower = Follower()  # the kernel's folder, import path and environment (distlab.follow)
+        self._follower = follow.Follower()  # the kernel's folder, import path and environment (distlab.follow)
         signal.signal(signal.SIGINT, self._on_interrupt)
 
     def join(self, store_socket: socket.socket | None) -> None:
@@ -346,7 +345,7 @@ class Rank:
             self._run_cell(task.source, task.filename)
             return None
         if isinstance(task, Push):
-            sys.path.extend(p for p in task.sys_path if p not in sys.path)
+            follow.extend_import_path(task.sys_path)
         if isinstance(task, RunFunction):
             fn, args, kwargs, files, sources = cloudpickle.loads(task.payload)
             codeship.restore(fn, files, sources)
