@@ -27,6 +27,20 @@ class Reply:
     def traceback(self) -> str:
         return "\n".join(self.error["traceback"]) if self.error else ""
 
+    def shown(self) -> list[dict[str, Any]]:
+        """The rich outputs as a notebook shows them once the cell is done: an update replaces
+        the data of every output displayed with its id (as JupyterLab's output area does)."""
+        shown: list[dict[str, Any]] = []
+        for output in self.outputs:
+            display_id = output.get("transient", {}).get("display_id")
+            if output["msg_type"] == "update_display_data":
+                for earlier in shown:
+                    if display_id is not None and earlier.get("transient", {}).get("display_id") == display_id:
+                        earlier["data"] = output["data"]
+            else:
+                shown.append(dict(output))
+        return shown
+
 
 class KernelSession:
     """One ipykernel process started from this venv's python (as a notebook server would)."""
@@ -76,7 +90,7 @@ class KernelSession:
             elif kind == "error":
                 reply.error = content
             elif kind in ("display_data", "execute_result", "update_display_data"):
-                reply.outputs.append(content)
+                reply.outputs.append({**content, "msg_type": kind})
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         while True:  # the execute_reply says "error" even when IPython only printed a UsageError

@@ -67,7 +67,8 @@ class Quiet:
         node = self.nodes.get(rank, "")
         self.lines += [f"[rank {rank} @{node}] {x}" for x in text.splitlines()]
 
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object],
+                display_id: str | None = None, update: bool = False) -> None:
         pass
 
 

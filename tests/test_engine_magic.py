@@ -410,18 +410,46 @@ def test_ipython_display_and_rich_values_show_as_in_a_notebook(kernel: KernelSes
     html = [str(out["data"].get("text/html")) for out in reply.outputs]
     for r in range(4):
         assert f"<b>html of {r}</b>" in html and f"<i>updated on {r}</i>" in html, html
+        assert f"<i>updated on {r}</i>" in [str(out["data"].get("text/html")) for out in reply.shown()]
         assert f"<table><td>{r}</td></table>" in html, html
         assert {"rank": r, "scale": 0.5} in [out["data"].get("application/json") for out in reply.outputs]
     reply = kernel.execute("%%dist\ntorch.arange(3) * rank")  # text alone stays a labelled line
     assert all(f"[rank {r}] tensor([0, {r}, {2 * r}])" in reply.stdout for r in range(4)), reply.stdout
 
 
+LIVE_CELL = """%%dist
+from IPython.display import display, clear_output, update_display, HTML
+display(HTML(f"<p>gone {rank}</p>"))
+clear_output()  # clears what this rank displayed in this cell
+for step in range(5):
+    clear_output(wait=True)
+    display(HTML(f"<p>step {step} on {rank}</p>"))
+display(HTML("<p>loss ?</p>"), display_id="loss")  # every rank has its own "loss"
+update_display(HTML(f"<p>loss {rank}.5</p>"), display_id="loss")
+print("done", rank)
+"""
+
+
+def test_display_updates_and_clear_output_act_in_place_per_rank(kernel: KernelSession) -> None:
+    """A live picture in a training loop (``clear_output(wait=True); display(...)``) added one
+    output per step on each rank and wrote escape codes; ``update_display`` added one more."""
+    reply = kernel.execute(LIVE_CELL)
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert "\x1b" not in reply.stdout, repr(reply.stdout)
+    shown = [str(out["data"].get("text/html", "")) for out in reply.shown()]
+    for r in range(4):
+        assert [text for text in shown if text.endswith(f" on {r}</p>")] == [f"<p>step 4 on {r}</p>"], shown
+        assert f"<p>loss {r}.5</p>" in shown and f"<p>gone {r}</p>" not in shown, shown
+        assert reply.stdout.count(f"[rank {r}] display:") == 3, reply.stdout  # gone, the step, the loss
+        assert f"[rank {r}] done {r}" in reply.stdout
+    assert "<p>loss ?</p>" not in shown, shown
+
+
 def test_a_message_the_kernel_refuses_is_named_and_the_cell_goes_on(kernel: KernelSession) -> None:
     reply = kernel.execute(
         "%%dist\nimport numpy as np\nfrom distlab.protocol import Display\n"
         "from distlab import rank_io\n"  # the rank's own channel, as display uses it
-        "send = next(c.cell_contents for c in rank_io.current_display.__closure__\n"
-        "            if getattr(c.cell_contents, '__name__', '') == 'send')\n"
+        "send = rank_io.current_display._send\n"
         "send(Display(rank, {'text/plain': np.float32(1.5)}, {}))\nprint('still here', rank)")
     assert reply.error is None and reply.stderr == "", reply.traceback
     assert all(f"[rank {r}] still here {r}" in reply.stdout for r in range(4)), reply.stdout

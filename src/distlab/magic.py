@@ -53,10 +53,16 @@ class NotebookSink(PrintSink):
         super().begin()
         self._bars.clear()
 
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
-        sys.stdout.write(f"{self._prefix(rank)}display:\n")
-        sys.stdout.flush()
-        publish_display_data(data, metadata)
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object],
+                display_id: str | None = None, update: bool = False) -> None:
+        """A rank's display ids live in their own namespace per rank, so rank 0's "loss" and rank
+        1's "loss" are two outputs, each updated in place (Jupyter updates every output with an id,
+        in any cell)."""
+        transient = {"display_id": f"distlab-{self._run}-{rank}-{display_id}"} if display_id else None
+        if not update:
+            sys.stdout.write(f"{self._prefix(rank)}display:\n")
+            sys.stdout.flush()
+        publish_display_data(data, metadata, transient=transient, update=update)
 
     def progress(self, rank: int, stream: str, text: str, final: bool) -> None:
         key = (rank, stream)

@@ -604,7 +604,7 @@ class _Waiter:
         if isinstance(message, Output):
             sink.output(rank, message.stream, message.text)
         elif isinstance(message, Display):
-            sink.display(rank, message.data, message.metadata)
+            sink.display(rank, message.data, message.metadata, message.display_id, message.update)
         elif isinstance(message, Done) and message.task == self.task_id:
             self.dones[rank] = message
             self.pending.discard(rank)

@@ -197,6 +197,8 @@ class Display:
     rank: int
     data: dict[str, object]
     metadata: dict[str, object] = field(default_factory=dict)
+    display_id: str | None = None  # the rank's own id: the kernel keeps one output per (rank, id)
+    update: bool = False           # replace the output(s) shown with this id instead of adding one
     kind: Literal["display"] = "display"
 
 

@@ -27,7 +27,7 @@ from distlab.protocol import Display, Output
 
 Send = Callable[[Any], None]
 CHUNK = 65536
-current_display: Callable[..., None] | None = None  # the rank's display(), once the rank is up
+current_display: RankDisplay | None = None  # the rank's display(), once the rank is up
 
 
 class _Forwarder(threading.Thread):
@@ -230,32 +230,87 @@ def _mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:
     return data, metadata
 
 
-def make_display(rank: int, send: Send, output: CapturedOutput) -> Callable[..., Any]:
-    def display(*objs: Any, raw: bool = False, metadata: dict[str, object] | None = None,
-                display_id: Any = None, **_options: Any) -> DisplayHandle | None:
-        """Show objects (figures, HTML, anything with a repr) in the cell, labelled by rank. Takes
-        IPython's ``display`` arguments: ``raw=True`` objects are bundles already; a display id
-        gives a handle whose ``update`` shows the new value below (a rank has no output to replace)."""
-        output.sync()
+class RankDisplay:
+    """A rank's ``display()``: shows objects (figures, HTML, anything with a repr) in the cell,
+    labelled by rank, and takes IPython's arguments. Every output gets an id, so that
+    ``handle.update``, ``update_display`` and ``clear_output`` act on this rank's outputs in
+    place. ``clear_output`` clears what this rank displayed, never another rank's output nor
+    printed lines: a loop of ``clear_output(wait=True); display(fig)`` is one live picture per rank.
+    """
+
+    def __init__(self, rank: int, send: Send, output: CapturedOutput) -> None:
+        self._rank, self._send, self._output = rank, send, output
+        self._token = os.urandom(4).hex()  # ids stay unique when a rank is restarted
+        self._count = 0
+        self._shown: list[str] = []     # ids this rank displayed in this cell
+        self._reusable: list[str] = []  # cleared with wait=True: the next display takes their place
+
+    def new_task(self) -> None:
+        """A cell clears only what it displayed itself."""
+        self._shown, self._reusable = [], []
+
+    def __call__(self, *objs: Any, raw: bool = False, metadata: dict[str, object] | None = None,
+                 display_id: Any = None, update: bool = False, clear: bool = False,
+                 **_options: Any) -> DisplayHandle | None:
+        if clear:
+            self.clear_output(wait=True)
+        if update and not display_id:
+            raise TypeError("display_id required for update_display")
+        if display_id is True:
+            display_id = self._new_id()
+        self._output.sync()
         for obj in objs:
             data, extra = (_plain(obj), {}) if raw and isinstance(obj, dict) else mime_bundle(obj)
-            send(Display(rank, data, {**extra, **_plain(metadata or {})}))
-        return DisplayHandle(display) if display_id else None
+            extra = {**extra, **_plain(metadata or {})}
+            if update:
+                self._send(Display(self._rank, data, extra, display_id=str(display_id), update=True))
+            else:
+                self._show(data, extra, str(display_id) if display_id is not None else None)
+        return DisplayHandle(self, str(display_id)) if display_id else None
 
-    return display
+    def clear_output(self, wait: bool = False) -> None:
+        """Clear this rank's displays in this cell: now, or (``wait``) when it next displays."""
+        self._reusable += self._shown
+        self._shown = []
+        if not wait:
+            self._blank(self._reusable)
+            self._reusable = []
+
+    def _show(self, data: dict[str, object], metadata: dict[str, object], display_id: str | None) -> None:
+        if self._reusable and display_id is None:  # in the place of what clear_output(wait=True) cleared
+            display_id, rest = self._reusable[0], self._reusable[1:]
+            self._send(Display(self._rank, data, metadata, display_id=display_id, update=True))
+            self._blank(rest)
+            self._reusable = []
+        else:
+            display_id = display_id or self._new_id()
+            self._send(Display(self._rank, data, metadata, display_id=display_id))
+        self._shown.append(display_id)
+
+    def _blank(self, display_ids: list[str]) -> None:
+        for display_id in display_ids:
+            self._send(Display(self._rank, {"text/plain": ""}, {}, display_id=display_id, update=True))
+
+    def _new_id(self) -> str:
+        self._count += 1
+        return f"{self._token}-{self._count}"
 
 
 class DisplayHandle:
-    """What ``display(..., display_id=True)`` returns on a rank."""
+    """What ``display(..., display_id=True)`` returns on a rank, as IPython's handle does."""
 
-    def __init__(self, show: Callable[..., Any]) -> None:
+    def __init__(self, show: RankDisplay, display_id: str) -> None:
         self._show = show
+        self.display_id = display_id
+
+    def __repr__(self) -> str:
+        return f"<DisplayHandle display_id={self.display_id}>"
 
     def display(self, obj: Any, **options: Any) -> None:
-        self._show(obj, **options)
+        self._show(obj, display_id=self.display_id, **options)
 
     def update(self, obj: Any, **options: Any) -> None:
-        self._show(obj, **options)
+        self._show(obj, display_id=self.display_id, update=True, **options)
 
 
 def show_value(value: Any) -> None:
@@ -273,14 +328,19 @@ _IPYTHON_DISPLAY = "IPython.core.display_functions"
 
 def route_ipython_display() -> None:
     """``from IPython.display import display, HTML`` on a rank: IPython, with no kernel around it,
-    prints ``<IPython.core.display.HTML object>``. Its ``display`` becomes the rank's own, which
-    shows the object in the cell, now or whenever IPython is first imported (importing it here
+    prints ``<IPython.core.display.HTML object>``. Its ``display`` and ``clear_output`` become the
+    rank's own, which act in the cell, now or whenever IPython is first imported (importing it here
     would add its import time to every cold start)."""
     module = sys.modules.get(_IPYTHON_DISPLAY)
     if module is not None:
-        module.display = _display_for_ipython  # type: ignore[attr-defined]
+        _route(module)
     elif not any(isinstance(finder, _RouteOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _RouteOnImport())
+
+
+def _route(module: types.ModuleType) -> None:
+    module.display = _display_for_ipython  # type: ignore[attr-defined]
+    module.clear_output = _clear_output_for_ipython  # type: ignore[attr-defined]
 
 
 def _display_for_ipython(*objs: Any, **options: Any) -> Any:
@@ -288,6 +348,12 @@ def _display_for_ipython(*objs: Any, **options: Any) -> Any:
         print(*(repr(obj) for obj in objs))
         return None
     return current_display(*objs, **options)
+
+
+def _clear_output_for_ipython(wait: bool = False) -> None:
+    """IPython's ``clear_output`` without a kernel writes terminal escape codes into the output."""
+    if current_display is not None:
+        current_display.clear_output(wait)
 
 
 class _RouteOnImport(importlib.abc.MetaPathFinder):
@@ -310,6 +376,6 @@ class _RouteOnImport(importlib.abc.MetaPathFinder):
 def _then_route(run: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
     def exec_module(module: types.ModuleType) -> None:
         run(module)
-        module.display = _display_for_ipython  # type: ignore[attr-defined]
+        _route(module)
 
     return exec_module

@@ -25,7 +25,8 @@ _BREAK = re.compile(r"(\r\n|\n|\r)")
 
 class Sink(Protocol):
     def output(self, rank: int, stream: str, text: str) -> None: ...
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None: ...
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object],
+                display_id: str | None = None, update: bool = False) -> None: ...
 
 
 class UnfinishedLine:
@@ -112,8 +113,13 @@ class PrintSink:
         if self.flush_each:
             sys.stdout.flush()
 
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
-        sys.stdout.write(f"{self._prefix(rank)}{data.get('text/plain', '')}\n")
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object],
+                display_id: str | None = None, update: bool = False) -> None:
+        """A terminal cannot replace what it printed: an update is printed as a new line, and an
+        output cleared (``clear_output`` on a rank, which sends an empty one) prints nothing."""
+        text = data.get("text/plain", "")
+        if text or not update:
+            sys.stdout.write(f"{self._prefix(rank)}{text}\n")
 
     def progress(self, rank: int, stream: str, text: str, final: bool) -> None:
         """A progress line changed (``final``: it ended as ``text``). Here it is printed once it ends."""

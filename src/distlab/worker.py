@@ -54,7 +54,7 @@ from distlab.protocol import (
     RunFunction,
     Stop,
 )
-from distlab.rank_io import CapturedOutput, make_display
+from distlab.rank_io import CapturedOutput, RankDisplay
 
 STORE_TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -259,7 +259,7 @@ class Rank:
             "rank": self.spec.rank, "world_size": self.spec.world_size,
             "local_rank": self.local_rank,
             "device": self.device, "torch": torch, "dist": dist,
-            "display": make_display(self.spec.rank, self.send, self.output),
+            "display": RankDisplay(self.spec.rank, self.send, self.output),
         }
         namespace.update(self._given)
         rank_io.current_display = self._given["display"]
@@ -290,6 +290,8 @@ class Rank:
         records: list[Any] | None = None
         failure = None
         self.output.repair()
+        if rank_io.current_display is not None:
+            rank_io.current_display.new_task()
         self._task, self._rendezvous_calls = task.task, 0
         try:
             if isinstance(task, (RunCell, RunFunction)) and task.trace:

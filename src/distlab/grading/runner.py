@@ -62,7 +62,8 @@ class _CaseSink:
             if line.startswith(CASE_MARK):
                 self.case[rank] = line[len(CASE_MARK):]
 
-    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object]) -> None:
+    def display(self, rank: int, data: dict[str, object], metadata: dict[str, object],
+                display_id: str | None = None, update: bool = False) -> None:
         pass
 
 
