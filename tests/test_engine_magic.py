@@ -498,16 +498,19 @@ def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: Ker
     """``%cd``, ``%env`` and a module written beside the notebook hold in a ``%%dist`` cell as in
     any cell; what a rank's own cell set stays until the kernel changes the same thing."""
     (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "follow_helper.py").write_text("VALUE = 7\n")
+    (tmp_path / "lib" / "follow_helper.py").write_text("VALUE = 7\nclass Point:\n    x = 3\n")
     setup = kernel.execute(f"import os, sys\n_before = os.getcwd()\nos.chdir({str(tmp_path)!r})\n"
                            "sys.path.append(__import__('pathlib').Path('lib'))\n"  # a Path, as people write
                            "os.environ['FOLLOW_SETTING'] = 'from the kernel'")
     assert setup.error is None, setup.traceback
-    try:
+    try:  # pushed before any cell ran there: the ranks unpickle it in the kernel's folder and path
+        pushed = kernel.execute("sys.path.append('lib')\nimport follow_helper\npoint = follow_helper.Point()\n%dist_push point")
+        assert pushed.error is None and pushed.stderr == "", pushed.traceback
         show = "%%dist\nimport os, follow_helper\nprint(os.getcwd(), follow_helper.VALUE, os.environ.get('FOLLOW_SETTING'))"
         reply = kernel.execute(show)
         assert reply.error is None and reply.stderr == "", reply.traceback
         assert all(f"[rank {r}] {tmp_path} 7 from the kernel" in reply.stdout for r in range(4)), reply.stdout
+        assert kernel.execute("%%dist\nprint(point.x)").stdout.count("] 3\n") == 4
         own = kernel.execute("%%dist\nos.chdir('lib'); os.environ['FOLLOW_SETTING'] = f'own {rank}'")
         assert own.error is None, own.traceback
         reply = kernel.execute(show)

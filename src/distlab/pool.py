@@ -340,8 +340,8 @@ class Pool:
             payload = cloudpickle.dumps(value)
         except Exception as exc:  # noqa: BLE001 - as in call()
             raise TransferFailed.to_ranks(tr("the value of {name!r}", name=name), exc) from None
-        path = follow.import_path()
-        self.execute(lambda t: protocol.Push(t, name, payload, path), ranks, timeout)
+        context = self._kernel_context()  # a value of a module beside the notebook unpickles there
+        self.execute(lambda t: protocol.Push(t, name, payload, context), ranks, timeout)
 
     def execute(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
                 timeout: float, cell_lines: dict[str, list[str]] | None = None) -> dict[int, Done]:

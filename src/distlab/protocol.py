@@ -255,7 +255,7 @@ class Push:
     task: int
     name: str
     payload: bytes
-    sys_path: tuple[str, ...] = ()
+    context: KernelContext = KernelContext()
     kind: Literal["push"] = "push"
 
 

@@ -340,14 +340,12 @@ class Rank:
                          name=name, value=shown, rank=self.spec.rank), file=sys.stderr)
 
     def _run(self, task: protocol.Task) -> bytes | None:
-        if isinstance(task, (RunCell, RunFunction)):
+        if isinstance(task, (RunCell, RunFunction, Push)):
             self._follow(task.context)
         if isinstance(task, RunCell):
             self._restore_deleted_names()
             self._run_cell(task.source, task.filename)
             return None
-        if isinstance(task, Push):
-            follow.extend_import_path(task.sys_path)
         if isinstance(task, RunFunction):
             fn, args, kwargs, files, sources = cloudpickle.loads(task.payload)
             codeship.restore(fn, files, sources)
