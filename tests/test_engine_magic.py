@@ -443,6 +443,10 @@ def test_display_updates_and_clear_output_act_in_place_per_rank(kernel: KernelSe
         assert reply.stdout.count(f"[rank {r}] display:") == 3, reply.stdout  # gone, the step, the loss
         assert f"[rank {r}] done {r}" in reply.stdout
     assert "<p>loss ?</p>" not in shown, shown
+    reply = kernel.execute('%%dist\ndisplay(HTML(f"<p>old {rank}</p>"))\nclear_output(wait=True)\n'
+                           'display(HTML(f"<p>new {rank}</p>"), display_id="mine")')  # an id of one's own
+    shown = [str(out["data"].get("text/html", "")) for out in reply.shown()]
+    assert all(f"<p>new {r}</p>" in shown and f"<p>old {r}</p>" not in shown for r in range(4)), shown
 
 
 def test_a_message_the_kernel_refuses_is_named_and_the_cell_goes_on(kernel: KernelSession) -> None:

@@ -277,14 +277,15 @@ class RankDisplay:
             self._reusable = []
 
     def _show(self, data: dict[str, object], metadata: dict[str, object], display_id: str | None) -> None:
-        if self._reusable and display_id is None:  # in the place of what clear_output(wait=True) cleared
-            display_id, rest = self._reusable[0], self._reusable[1:]
+        cleared, self._reusable = self._reusable, []  # what clear_output(wait=True) left to clear
+        place = next((i for i in cleared if i.startswith(self._token)), None) if display_id is None else None
+        if place is not None:  # shown where the cleared output was (an id of the learner's keeps its own)
+            display_id = place
             self._send(Display(self._rank, data, metadata, display_id=display_id, update=True))
-            self._blank(rest)
-            self._reusable = []
         else:
             display_id = display_id or self._new_id()
             self._send(Display(self._rank, data, metadata, display_id=display_id))
+        self._blank([i for i in cleared if i != display_id])
         self._shown.append(display_id)
 
     def _blank(self, display_ids: list[str]) -> None:
