@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ class Reply:
     status: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    msg_id: str = ""
 
     @property
     def traceback(self) -> str:
@@ -67,6 +69,7 @@ class KernelSession:
         reply = Reply()
         started = time.monotonic()
         msg_id = self.client.execute(code)
+        reply.msg_id = msg_id
         interrupted = False
         while True:
             if interrupt_on is not None and not interrupted and reply.stdout.count(interrupt_on[0]) >= interrupt_on[1]:
@@ -102,6 +105,24 @@ class KernelSession:
                 break
         reply.seconds = time.monotonic() - started
         return reply
+
+    def stdout_after(self, reply: Reply, done: Callable[[str], bool], timeout: float = 60.0) -> str:
+        """What the kernel printed under ``reply``'s cell after that cell finished, read until
+        ``done`` holds for it (output from a thread that outlived the cell)."""
+        text = ""
+        deadline = time.monotonic() + timeout
+        while not done(text):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no such output within {timeout} s; got {text!r}")
+            try:
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 0.2))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == reply.msg_id and msg["msg_type"] == "stream" \
+                    and msg["content"]["name"] == "stdout":
+                text += msg["content"]["text"]
+        return text
 
     def value(self, expression: str) -> Any:
         """The kernel's ``repr`` of an expression, evaluated back here (for plain data)."""

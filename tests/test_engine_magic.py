@@ -460,6 +460,26 @@ def test_a_message_the_kernel_refuses_is_named_and_the_cell_goes_on(kernel: Kern
     assert "the kernel refused a message from rank" in reply.stdout
 
 
+def test_what_ranks_print_between_cells_shows_as_it_comes(kernel: KernelSession, tmp_path) -> None:
+    """A thread a cell leaves running on the ranks: its lines waited for the next ``%%dist`` cell
+    and then looked as if that cell had printed them. They show under the cell run last, as a
+    kernel thread's prints do, once the thread prints (after the test creates a file)."""
+    go = tmp_path / "go"
+    reply = kernel.execute(
+        "%%dist\nimport os, threading, time\n"
+        "def later():\n"
+        f"    while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        "    print('between cells', rank)\n"
+        "threading.Thread(target=later, daemon=True).start()\nprint('cell ends', rank)")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    assert "between cells" not in reply.stdout
+    go.write_text("")
+    later = kernel.stdout_after(reply, lambda text: text.count("between cells") == 4, timeout=60)
+    assert all(f"[rank {r}] between cells {r}" in later for r in range(4)), later
+    reply = kernel.execute("%%dist\nprint('next', rank)")
+    assert reply.error is None and "between cells" not in reply.stdout, reply.stdout  # shown once
+
+
 def test_stderr_and_warnings_from_ranks_are_labelled_on_stdout(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport sys, warnings\nprint('to stderr', file=sys.stderr)\n"
                            "warnings.warn('careful')")

@@ -19,7 +19,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import publish_display_data
 
 from distlab.backends import BACKENDS, resolve_backend
-from distlab.cluster import LAUNCHERS, LOCAL, Settings, launch_for, settings_of
+from distlab.between_cells import BetweenCells
+from distlab.cluster import LAUNCHERS, LOCAL, ClusterLaunch, Settings, launch_for, settings_of
 from distlab.errors import BackendUnavailable, CellInterrupted
 from distlab.i18n import tr
 from distlab.pool import Pool, traces_of
@@ -87,6 +88,11 @@ class NotebookSink(PrintSink):
             self._bars[key] = (display_id, now, text)
 
 
+def notebook_pool(world_size: int, backend: str, cluster: ClusterLaunch | None = None) -> Pool:
+    """A pool whose ranks' output shows in the notebook, between cells too."""
+    return Pool(world_size, backend, sink=NotebookSink(), cluster=cluster, between_cells=BetweenCells())
+
+
 class Session:
     """The kernel's one pool and what the magics remember between cells."""
 
@@ -104,7 +110,7 @@ class Session:
         if pool is not None and (pool.world_size, pool.requested_backend) == (world_size, backend) \
                 and settings_of(pool.cluster) == self.cluster:
             return pool
-        fresh = Pool(world_size, backend, sink=NotebookSink(), cluster=launch_for(self.cluster))
+        fresh = notebook_pool(world_size, backend, launch_for(self.cluster))
         if pool is not None and pool.used:  # a warm pool that ran nothing needs no announcement
             print(tr("distlab: restarting the pool with {n} ranks ({backend}); it had {old} ({old_backend}). "
                      "Variables on the old ranks are gone.", n=world_size, backend=fresh.backend,
@@ -330,7 +336,7 @@ def register(ipython: Any) -> None:
     ipython.register_magics(DistMagics)
     state = session()
     if state.pool is None:  # warm up: the launcher imports torch while the learner reads
-        state.pool = Pool(DEFAULT_WORLD_SIZE, "auto", sink=NotebookSink())
+        state.pool = notebook_pool(DEFAULT_WORLD_SIZE, "auto")
         state.pool.start()
 
 

@@ -24,6 +24,7 @@ import cloudpickle
 
 from distlab import codeship, follow, protocol
 from distlab.backends import resolve_backend
+from distlab.between_cells import BetweenCells
 from distlab.cluster import ClusterLaunch
 from distlab.confine import QUOTA_ENTRIES, WRITE_QUOTA
 from distlab.errors import CellInterrupted, PoolDied, RankError, RankTimeout, TransferFailed
@@ -67,10 +68,12 @@ class Pool:
     def __init__(self, world_size: int, backend: str = "auto", hub: Hub | None = None,
                  sink: Sink | None = None, eager_restart: bool = True,
                  cluster: ClusterLaunch | None = None, unreadable: Sequence[str] = (),
-                 memory_limit: int = 0, confine_writes: bool = False) -> None:
+                 memory_limit: int = 0, confine_writes: bool = False,
+                 between_cells: BetweenCells | None = None) -> None:
         """``unreadable``: folders the ranks may never read files from; ``memory_limit``: bytes of
         data each rank may hold (0: no limit). The grader's, for ranks forked here: see
-        :mod:`distlab.confine`."""
+        :mod:`distlab.confine`. ``between_cells``: show what ranks print between tasks as it comes
+        (in a kernel; see :mod:`distlab.between_cells`)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
@@ -98,6 +101,7 @@ class Pool:
         self.used = False  # has any task run on this pool (so its ranks may hold state)?
         self._ungrouped: set[int] = set()  # ranks whose last task destroyed their process group
         self._regroups = 0
+        self.between_cells = between_cells
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -219,8 +223,8 @@ class Pool:
                     if message.error:
                         errors[handle.rank] = message.error
                     handle.ready = not message.error
-                elif isinstance(message, Output):
-                    self.sink.output(message.rank, message.stream, message.text)
+                else:
+                    self.show(handle.rank, message)
             exits = self.hub.exits(self.pool_id, self.generation)
             if errors or exits or not self.hub.alive():
                 self._kill()
@@ -242,6 +246,7 @@ class Pool:
         """Ask ranks to leave; kill any that do not within a second."""
         if not self.started:
             return
+        self._pause_between_cells()
         for handle in self.handles.values():
             try:
                 protocol.send(handle.conn, protocol.Stop())
@@ -276,6 +281,7 @@ class Pool:
                 self.hub.send_launcher(KillGeneration(self.pool_id, self.generation))
             except PoolDied:
                 pass
+        self._pause_between_cells()
         for handle in self.handles.values():
             handle.conn.close()
         self.handles = {}
@@ -355,6 +361,14 @@ class Pool:
     def submit(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
                timeout: float, cell_lines: dict[str, list[str]] | None = None) -> Outcome:
         """Send one task to ``ranks`` (all by default) and wait for every one of them, with a deadline."""
+        self._pause_between_cells()
+        try:
+            return self._submit(make_task, ranks, timeout, cell_lines)
+        finally:
+            self._watch_between_cells()
+
+    def _submit(self, make_task: Callable[[int], protocol.Task], ranks: Sequence[int] | None,
+                timeout: float, cell_lines: dict[str, list[str]] | None) -> Outcome:
         self.ensure_ready()
         self.used = True
         if self._ungrouped:  # a cell destroyed the group (scripts end so): every rank joins a new one first
@@ -393,11 +407,40 @@ class Pool:
         self._ungrouped = set()
         self._regroups += 1
         regroup = self._regroups
-        error = self.submit(lambda t: protocol.Regroup(t, regroup), None, timeout).error()
+        error = self._submit(lambda t: protocol.Regroup(t, regroup), None, timeout, None).error()
         if error is not None:
             raise error
 
+    def _watch_between_cells(self) -> None:
+        if self.between_cells is not None and self.started:
+            ready = {rank: handle.conn for rank, handle in self.handles.items() if handle.ready}
+            self.between_cells.watch(ready, self.show, self.refused)
+
+    def _pause_between_cells(self) -> None:
+        """Before the next task reads the connections: stop watching, and end the lines that
+        were left unfinished between cells (the task's sink starts afresh)."""
+        if self.between_cells is None:
+            return
+        self.between_cells.pause()
+        if self.between_cells.seen:
+            self.between_cells.seen = False
+            end = getattr(self.sink, "end", None)
+            if end:
+                end()
+
     # --- used by the waiter -------------------------------------------------------------------
+    def show(self, rank: int, message: protocol.Message) -> None:
+        """A rank's output or display, whenever it comes (a task's Done is the waiter's)."""
+        if isinstance(message, Output):
+            self.sink.output(rank, message.stream, message.text)
+        elif isinstance(message, Display):
+            self.sink.display(rank, message.data, message.metadata, message.display_id, message.update)
+
+    def refused(self, rank: int, why: Exception) -> None:
+        """A message the kernel would not unpickle: the rank goes on; the cell says what was dropped."""
+        self.sink.output(rank, "stderr", tr("distlab: the kernel refused a message from rank {rank} ({why})",
+                                            rank=rank, why=why) + "\n")
+
     def signal_ranks(self, ranks: Sequence[int], signum: int) -> None:
         """Signal our own ranks directly, without a hop through the launcher (which may be busy).
 
@@ -590,9 +633,8 @@ class _Waiter:
             except (EOFError, OSError):
                 self.lost[rank] = None
                 self.pending.discard(rank)
-            except pickle.UnpicklingError as exc:  # the rank goes on; the cell says what was dropped
-                pool.sink.output(rank, "stderr", tr("distlab: the kernel refused a message from rank {rank} ({why})",
-                                                    rank=rank, why=exc) + "\n")
+            except pickle.UnpicklingError as exc:
+                pool.refused(rank, exc)
         exits = pool.hub.exits(pool.pool_id, pool.generation)
         for rank in list(self.pending):
             if rank in exits:
@@ -600,14 +642,12 @@ class _Waiter:
                 self.pending.discard(rank)
 
     def _handle(self, rank: int, message: protocol.Message) -> None:
-        sink = self.pool.sink
-        if isinstance(message, Output):
-            sink.output(rank, message.stream, message.text)
-        elif isinstance(message, Display):
-            sink.display(rank, message.data, message.metadata, message.display_id, message.update)
-        elif isinstance(message, Done) and message.task == self.task_id:
-            self.dones[rank] = message
-            self.pending.discard(rank)
+        if isinstance(message, Done):
+            if message.task == self.task_id:
+                self.dones[rank] = message
+                self.pending.discard(rank)
+        else:
+            self.pool.show(rank, message)
 
     def _exit_codes(self) -> None:
         pool = self.pool
