@@ -62,6 +62,8 @@ class BetweenCells:
         except pickle.UnpicklingError as exc:
             refused(rank, exc)
             self.seen = True
+        except Exception:  # noqa: BLE001 - a callback that raised would be called again and again
+            self._forget(fd)
 
     def _forget(self, fd: int) -> None:
         loop = self._watched.pop(fd, None)
