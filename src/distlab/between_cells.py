@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from distlab import protocol
 
 Handle = Callable[[int, protocol.Message], None]
+BATCH = 64  # messages read per call: a rank printing without pause must not keep the kernel from its next cell
 Refused = Callable[[int, Exception], None]
 
 
@@ -54,7 +55,9 @@ class BetweenCells:
 
     def _read(self, fd: int, rank: int, conn: Connection, handle: Handle, refused: Refused) -> None:
         try:
-            while conn.poll(0):
+            for _ in range(BATCH):  # then back to the loop, which calls again while more is waiting
+                if not conn.poll(0):
+                    break
                 handle(rank, protocol.recv(conn))
                 self.seen = True
         except (EOFError, OSError):  # the rank is gone: the next task finds out and says so
