@@ -480,6 +480,20 @@ def test_what_ranks_print_between_cells_shows_as_it_comes(kernel: KernelSession,
     assert reply.error is None and "between cells" not in reply.stdout, reply.stdout  # shown once
 
 
+def test_a_rank_printing_without_pause_between_cells_leaves_the_kernel_answering(kernel: KernelSession) -> None:
+    """The kernel reads between-cell output in its own event loop, a batch at a time: read to the
+    end, a printer faster than the kernel would keep it from ever taking the next cell. (Here the
+    kernel outpaces 4 printing ranks, so this guards the behaviour rather than the batch size.)"""
+    reply = kernel.execute("%%dist\nimport threading\n_flooding = True\n"
+                           "def flood():\n    i = 0\n    while _flooding:\n        print('flood', i); i += 1\n"
+                           "_flood = threading.Thread(target=flood, daemon=True)\n_flood.start()")
+    assert reply.error is None, reply.traceback
+    assert kernel.execute("print('the kernel answers')", timeout=60).stdout == "the kernel answers\n"
+    reply = kernel.execute("%%dist\n_flooding = False\n_flood.join()\nprint('stopped', rank)", timeout=60)
+    assert reply.error is None, reply.traceback
+    assert all(f"[rank {r}] stopped {r}" in reply.stdout for r in range(4)), reply.stdout[-2000:]
+
+
 def test_stderr_and_warnings_from_ranks_are_labelled_on_stdout(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nimport sys, warnings\nprint('to stderr', file=sys.stderr)\n"
                            "warnings.warn('careful')")
