@@ -523,6 +523,22 @@ def test_a_progress_bar_is_one_live_line_per_rank(kernel: KernelSession) -> None
         assert f"[rank {r}] after" in reply.stdout
 
 
+def test_notebook_widgets_on_a_rank_say_why_and_a_notebook_bar_is_a_live_line(kernel: KernelSession) -> None:
+    """A widget's model lives on the rank, where no browser reaches it: its view showed as a broken
+    widget ("model not found"), and ``tqdm.notebook``'s bar (a widget) never moved."""
+    reply = kernel.execute("%%dist\nimport ipywidgets, time\ndisplay(ipywidgets.IntSlider(value=rank))\n"
+                           "from tqdm.notebook import tqdm, trange\n"
+                           "for i in tqdm(range(30), mininterval=0.01): time.sleep(0.01)\nprint('after', rank)")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    views = [out for out in reply.outputs if "application/vnd.jupyter.widget-view+json" in out["data"]]
+    assert views == [], views
+    texts = [str(out["data"].get("text/plain", "")) for out in reply.shown()]
+    for r in range(4):
+        assert any(f"IntSlider(value={r})" in t and "cannot reach the browser" in t for t in texts), texts
+        assert any(t.startswith(f"[rank {r}]") and "30/30" in t for t in texts), texts  # tqdm's text bar
+        assert f"[rank {r}] after {r}" in reply.stdout
+
+
 def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nname = input('your name? ')")
     assert reply.error is not None and reply.stderr == ""

@@ -192,6 +192,9 @@ ZH: dict[str, str] = {
         "distlab：rank {rank} 无法进入内核所在的文件夹（{why}），仍留在 {cwd}",
     "distlab: the kernel refused a message from rank {rank} ({why})":
         "distlab：内核拒绝了来自 rank {rank} 的一条消息（{why}）",
+    "(a widget on a rank cannot reach the browser: show widgets in a normal cell, "
+    "and bring values over with %dist_pull)":
+        "（rank 上的控件连不到浏览器：请在普通单元格里显示控件，再用 %dist_pull 把需要的值取过来）",
     "(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
     "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
     "at them there.)":

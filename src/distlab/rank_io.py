@@ -170,11 +170,19 @@ def flush_standard_streams() -> None:
             pass
 
 
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
 def mime_bundle(obj: Any) -> tuple[dict[str, object], dict[str, object]]:
     """The richest representations of ``obj`` that a notebook can show, without IPython, as plain
     values: the kernel reads a message only when everything in it is a builtin type, and a
-    ``_repr_html_`` may well return a numpy string."""
+    ``_repr_html_`` may well return a numpy string. A widget's view is left out: its model lives on
+    the rank, where no browser can reach it, and JupyterLab would show "model not found"."""
     data, metadata = _mime_bundle(obj)
+    if data.pop(_WIDGET_VIEW, None) is not None:
+        data["text/plain"] = f"{data['text/plain']}\n" + tr(
+            "(a widget on a rank cannot reach the browser: show widgets in a normal cell, "
+            "and bring values over with %dist_pull)")
     return _plain(data), _plain(metadata)
 
 
@@ -324,24 +332,40 @@ def show_value(value: Any) -> None:
         current_display(data, raw=True, metadata=metadata)
 
 
-_IPYTHON_DISPLAY = "IPython.core.display_functions"
-
-
 def route_ipython_display() -> None:
-    """``from IPython.display import display, HTML`` on a rank: IPython, with no kernel around it,
-    prints ``<IPython.core.display.HTML object>``. Its ``display`` and ``clear_output`` become the
-    rank's own, which act in the cell, now or whenever IPython is first imported (importing it here
-    would add its import time to every cold start)."""
-    module = sys.modules.get(_IPYTHON_DISPLAY)
-    if module is not None:
-        _route(module)
-    elif not any(isinstance(finder, _RouteOnImport) for finder in sys.meta_path):
+    """Notebook tools that, on a rank with no kernel around them, would not show in the cell, are
+    routed to the rank's own, now or whenever they are first imported (importing them here would
+    add their import time to every cold start):
+
+    - ``from IPython.display import display, HTML``: IPython prints ``<IPython.core.display.HTML
+      object>``; its ``display`` and ``clear_output`` become the rank's, which act in the cell.
+    - ``from tqdm.notebook import tqdm``: a widget bar, which no browser can reach from a rank, so it
+      never moved; it becomes tqdm's text bar, which the cell shows as one live line per rank.
+    """
+    for name, route in _ROUTES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            route(module)
+    if not any(isinstance(finder, _RouteOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _RouteOnImport())
 
 
-def _route(module: types.ModuleType) -> None:
+def _route_display(module: types.ModuleType) -> None:
     module.display = _display_for_ipython  # type: ignore[attr-defined]
     module.clear_output = _clear_output_for_ipython  # type: ignore[attr-defined]
+
+
+def _route_tqdm(module: types.ModuleType) -> None:
+    from tqdm import std
+
+    module.tqdm = module.tqdm_notebook = std.tqdm  # type: ignore[attr-defined]
+    module.trange = module.tnrange = std.trange  # type: ignore[attr-defined]
+
+
+_ROUTES: dict[str, Callable[[types.ModuleType], None]] = {
+    "IPython.core.display_functions": _route_display,  # before IPython.display copies the names
+    "tqdm.notebook": _route_tqdm,
+}
 
 
 def _display_for_ipython(*objs: Any, **options: Any) -> Any:
@@ -358,25 +382,27 @@ def _clear_output_for_ipython(wait: bool = False) -> None:
 
 
 class _RouteOnImport(importlib.abc.MetaPathFinder):
-    """Finds IPython's display module with the other finders, and routes its ``display`` as soon as
-    the module has run, before ``IPython.display`` copies the name."""
+    """Finds a module of ``_ROUTES`` with the other finders, and routes it as soon as it has run,
+    before any other module copies its names."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _IPYTHON_DISPLAY:
+        route = _ROUTES.get(fullname)
+        if route is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader.exec_module = _then_route(spec.loader.exec_module)  # type: ignore[method-assign,assignment]
+                spec.loader.exec_module = _then_route(spec.loader.exec_module, route)  # type: ignore[method-assign,assignment]
                 return spec
         return None
 
 
-def _then_route(run: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
+def _then_route(run: Callable[[types.ModuleType], None],
+                route: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
     def exec_module(module: types.ModuleType) -> None:
         run(module)
-        _route(module)
+        route(module)
 
     return exec_module
