@@ -452,8 +452,8 @@ def test_display_updates_and_clear_output_act_in_place_per_rank(kernel: KernelSe
 def test_a_message_the_kernel_refuses_is_named_and_the_cell_goes_on(kernel: KernelSession) -> None:
     reply = kernel.execute(
         "%%dist\nimport numpy as np\nfrom distlab.protocol import Display\n"
-        "from distlab import rank_io\n"  # the rank's own channel, as display uses it
-        "send = rank_io.current_display._send\n"
+        "from distlab import rank_display\n"  # the rank's own channel, as display uses it
+        "send = rank_display.current_display._send\n"
         "send(Display(rank, {'text/plain': np.float32(1.5)}, {}))\nprint('still here', rank)")
     assert reply.error is None and reply.stderr == "", reply.traceback
     assert all(f"[rank {r}] still here {r}" in reply.stdout for r in range(4)), reply.stdout

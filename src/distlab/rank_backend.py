@@ -13,7 +13,7 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from distlab import rank_io
+from distlab import rank_display
 
 FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase
@@ -22,6 +22,6 @@ FigureManager = FigureManagerBase
 def show(*args: Any, **kwargs: Any) -> None:
     """Display every open figure in the cell, then close it (like Jupyter's inline backend)."""
     for manager in Gcf.get_all_fig_managers():
-        if rank_io.current_display is not None:
-            rank_io.current_display(manager.canvas.figure)
+        if rank_display.current_display is not None:
+            rank_display.current_display(manager.canvas.figure)
         plt.close(manager.canvas.figure)

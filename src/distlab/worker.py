@@ -38,7 +38,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import codeship, follow, protocol, rank_io, scripts
+from distlab import codeship, follow, protocol, rank_display, rank_io, scripts
 from distlab.errors import SubmissionFailed, TransferFailed
 from distlab.i18n import tr
 from distlab.protocol import (
@@ -54,7 +54,8 @@ from distlab.protocol import (
     RunFunction,
     Stop,
 )
-from distlab.rank_io import CapturedOutput, RankDisplay
+from distlab.rank_display import RankDisplay
+from distlab.rank_io import CapturedOutput
 
 STORE_TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -262,8 +263,8 @@ class Rank:
             "display": RankDisplay(self.spec.rank, self.send, self.output),
         }
         namespace.update(self._given)
-        rank_io.current_display = self._given["display"]
-        rank_io.route_ipython_display()
+        rank_display.current_display = self._given["display"]
+        rank_display.route_ipython_display()
         return namespace
 
     def _restore_deleted_names(self) -> None:
@@ -290,8 +291,8 @@ class Rank:
         records: list[Any] | None = None
         failure = None
         self.output.repair()
-        if rank_io.current_display is not None:
-            rank_io.current_display.new_task()
+        if rank_display.current_display is not None:
+            rank_display.current_display.new_task()
         self._task, self._rendezvous_calls = task.task, 0
         try:
             if isinstance(task, (RunCell, RunFunction)) and task.trace:
@@ -392,7 +393,7 @@ class Rank:
             value = self._finish(eval(compile(last, filename, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT),
                                       self.namespace))
             if value is not None:
-                rank_io.show_value(value)
+                rank_display.show_value(value)
         self.in_user_code = False
 
     def _finish(self, value: Any) -> Any:
