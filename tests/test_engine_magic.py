@@ -578,6 +578,14 @@ def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: Ker
                        "os.environ.pop('FOLLOW_SETTING', None)")
 
 
+def test_syncbatchnorm_on_cpu_ranks_says_what_to_use_instead(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\nbn = torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.BatchNorm1d(3))\n"
+                           "bn(torch.randn(4, 3, device=device))")
+    assert reply.error is not None and reply.stderr == ""
+    assert "SyncBatchNorm runs on GPUs only" in reply.traceback and "all_reduce" in reply.traceback
+    assert "This rank has no GPU to use" not in reply.traceback  # moving to `device` would not help
+
+
 @pytest.mark.parametrize("line", ["breakpoint()", "import pdb; pdb.set_trace()"])
 def test_a_debugger_on_a_rank_says_why_it_cannot_stop(kernel: KernelSession, line: str) -> None:
     reply = kernel.execute(f"%%dist\nx = rank\n{line}\nprint('after', x)")

@@ -195,6 +195,11 @@ ZH: dict[str, str] = {
     "(a widget on a rank cannot reach the browser: show widgets in a normal cell, "
     "and bring values over with %dist_pull)":
         "（rank 上的控件连不到浏览器：请在普通单元格里显示控件，再用 %dist_pull 把需要的值取过来）",
+    "(SyncBatchNorm runs on GPUs only. On CPU ranks keep BatchNorm, which normalises each rank's "
+    "own batch, or all_reduce the batch's sum and sum of squares yourself: that is all "
+    "SyncBatchNorm adds.)":
+        "（SyncBatchNorm 只能在 GPU 上运行。在只有 CPU 的 rank 上请继续用 BatchNorm，它对每个 rank "
+        "自己的批次做归一化；或者自己用 all_reduce 汇总批次的和与平方和：SyncBatchNorm 多做的也就是这一步。）",
     "(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
     "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
     "at them there.)":

@@ -486,6 +486,10 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
                    "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
                    "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\"; FSDP "
                    "takes device_id=device.)") + "\n"
+    if "SyncBatchNorm expected input tensor to be on GPU" in _safe_str(exc):
+        text += tr("(SyncBatchNorm runs on GPUs only. On CPU ranks keep BatchNorm, which normalises each rank's "
+                   "own batch, or all_reduce the batch's sum and sum of squares yourself: that is all "
+                   "SyncBatchNorm adds.)") + "\n"
     if "Too many open files" in _safe_str(exc):
         text += _open_files_hint()
     if isinstance(exc, bdb.BdbQuit):  # pdb read EOF from NoKeyboard and quit: say why, not bdb's frames alone
