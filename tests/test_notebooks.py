@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,19 @@ def test_chinese_notebook_runs_clean_on_3_ranks(stem: str, monkeypatch: pytest.M
     for cell in _code_cells(nb):
         for error in (o for o in cell.outputs if o.output_type == "error"):
             assert re.search(r"[\u4e00-\u9fff]", error.evalue), f"an English error in {stem}: {error.evalue}"
+
+
+def test_the_by_hand_launcher_of_notebook_01_stops_the_others_when_one_fails() -> None:
+    """Notebook 01 starts two plain processes per init method. When rank 0 cannot listen (another
+    program took the port free_port() had found), rank 1 waited for it until the 120 s timeout and
+    the notebook failed with TimeoutExpired (seen once in CI); now the other rank is stopped at once
+    and the error is rank 0's own, which the demo recognises and retries with new ports."""
+    source = next(c.source for c in _read("01_process_groups").cells if c.get("id") == "01-10")
+    namespace: dict[str, object] = {}
+    exec(source, namespace)  # noqa: S102 - the notebook's own code
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="address already in use"):
+            namespace["launch"]([f"tcp://127.0.0.1:{port}"], timeout=60)  # type: ignore[operator]

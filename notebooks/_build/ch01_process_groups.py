@@ -115,6 +115,7 @@ CELLS = [
         import sys
         import tempfile
         import textwrap
+        import time
 
         SCRIPT = textwrap.dedent("""
             import sys
@@ -133,8 +134,9 @@ CELLS = [
         """)
 
 
-        def launch(init_methods, world_size=2, env=None):
-            """Start one process per rank, wait for all, return every line they printed."""
+        def launch(init_methods, world_size=2, env=None, timeout=120):
+            """Start one process per rank, wait for all, return every line they printed.
+            When one fails, stop the others, as torchrun does: they would wait for it."""
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "train.py")
                 with open(path, "w") as f:
@@ -147,10 +149,20 @@ CELLS = [
                     )
                     for r in range(world_size)
                 ]
-                results = [p.communicate(timeout=120) for p in procs]
+                deadline = time.monotonic() + timeout
+                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                    if any(p.returncode for p in procs):  # one failed
+                        break
+                    time.sleep(0.05)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                results = [p.communicate() for p in procs]
             for p, (out, err) in zip(procs, results):
-                if p.returncode != 0:
+                if p.returncode and p.returncode > 0:
                     raise RuntimeError(err)
+            if any(p.returncode for p in procs):
+                raise RuntimeError(f"the ranks did not finish within {timeout} s")
             return [line for out, _ in results for line in out.splitlines()]
 
 
@@ -163,10 +175,16 @@ CELLS = [
     ),
     code(
         """
-        with tempfile.TemporaryDirectory() as tmp:
-            methods = [f"file://{tmp}/rendezvous", f"tcp://127.0.0.1:{free_port()}", "env://"]
-            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-            lines = launch(methods, env=env)
+        for attempt in range(3):  # free_port() can race (see Pitfalls): then try new ports
+            with tempfile.TemporaryDirectory() as tmp:
+                methods = [f"file://{tmp}/rendezvous", f"tcp://127.0.0.1:{free_port()}", "env://"]
+                env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+                try:
+                    lines = launch(methods, env=env)
+                    break
+                except RuntimeError as error:
+                    if "address already in use" not in str(error) or attempt == 2:
+                        raise
         for line in lines:
             print(line)
         """
@@ -290,7 +308,7 @@ CELLS = [
         - **Fixed ports collide.** Port 29500 is the usual default; a second job or a leftover
           process on the same machine then fails with "address already in use". Use a free port,
           or `file://`. (Our `free_port()` has a small race: another program could take the port
-          between the check and its use. Good enough for a demo.)
+          between the check and its use. The demo above then tries again with new ports.)
         - **NCCL needs one GPU per rank.** Two ranks on the same GPU fail with "Duplicate GPU
           detected". Pick the GPU with `local_rank`, not `rank`, on multi-machine jobs.
         - **Ranks in a group are renumbered.** `src` and `dst` arguments take *global* ranks;
