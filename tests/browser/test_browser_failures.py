@@ -95,3 +95,33 @@ def test_a_progress_bar_is_one_line_per_rank_updated_in_place(lab_ui, scratch_no
     assert "[rank 0] after 0" in shown and "[rank 1] after 1" in shown, shown
     assert nb.error_outputs() == [], nb.error_outputs()
     lab_ui.assert_console_clean()
+
+
+def test_a_live_picture_is_one_output_per_rank_and_later_prints_show_up(lab_ui, scratch_notebook, tmp_path):
+    """What the learner sees in JupyterLab: `clear_output(wait=True); display(...)` in a loop
+    leaves one picture per rank, the last one; and a line a rank's thread prints after the cell
+    ended appears under it without running another cell."""
+    go = tmp_path / "go"
+    path = scratch_notebook(
+        "live_picture",
+        [
+            "%load_ext distlab",
+            "%%dist -n 2\nfrom IPython.display import display, clear_output, HTML\nimport os, threading, time\n"
+            "for step in range(5):\n    clear_output(wait=True)\n"
+            "    display(HTML(f\"<p class='live'>step {step} on {rank}</p>\"))\n"
+            f"def later():\n    while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+            "    print('between cells', rank)\n"
+            "threading.Thread(target=later, daemon=True).start()",
+        ],
+    )
+    nb = lab_ui.open(path)
+    nb.run_cell(0)
+    nb.run_cell(1, timeout_ms=60_000)
+    live = nb.cells.nth(1).locator("p.live").all_text_contents()
+    assert sorted(live) == ["step 4 on 0", "step 4 on 1"], live
+    go.write_text("")
+    nb.wait_output(1, "[rank 1] between cells 1")
+    nb.wait_output(1, "[rank 0] between cells 0")
+    nb.screenshot("live_picture")
+    assert nb.error_outputs() == [], nb.error_outputs()
+    lab_ui.assert_console_clean()
