@@ -50,11 +50,6 @@ def import_path() -> tuple[str, ...]:
     return tuple(entry for entry in entries if isinstance(entry, str))
 
 
-def extend_import_path(entries: tuple[str, ...]) -> None:
-    """The rank imports what the kernel can: its path entries, after the rank's own."""
-    sys.path.extend(entry for entry in entries if entry not in sys.path)
-
-
 class Follower:
     """A rank's side: applies what the kernel changed since the cell before."""
 
@@ -72,7 +67,7 @@ class Follower:
                 os.chdir(context.cwd)
             except OSError as exc:
                 note = f"{context.cwd}: {exc.strerror}"
-        extend_import_path(context.sys_path)
+        sys.path.extend(entry for entry in context.sys_path if entry not in sys.path)  # after the rank's own
         environ = dict(context.environ)
         for name in environ.keys() | self._environ.keys():
             if environ.get(name, _BORN) == self._environ.get(name, _BORN):

@@ -246,7 +246,6 @@ class Pool:
         """Ask ranks to leave; kill any that do not within a second."""
         if not self.started:
             return
-        self._pause_between_cells()
         for handle in self.handles.values():
             try:
                 protocol.send(handle.conn, protocol.Stop())
@@ -391,9 +390,7 @@ class Pool:
         try:
             waiter.wait(timeout)
         finally:
-            end = getattr(self.sink, "end", None)
-            if end:
-                end()
+            self._end_sink()
             for handle in self.handles.values():
                 handle.busy = False
         outcome = waiter.outcome(timeout, cell_lines or {})
@@ -424,9 +421,13 @@ class Pool:
         self.between_cells.pause()
         if self.between_cells.seen:
             self.between_cells.seen = False
-            end = getattr(self.sink, "end", None)
-            if end:
-                end()
+            self._end_sink()
+
+    def _end_sink(self) -> None:
+        """Show what the sink still holds (unfinished lines, kept tails): a task or an idle spell ended."""
+        end = getattr(self.sink, "end", None)
+        if end:
+            end()
 
     # --- used by the waiter -------------------------------------------------------------------
     def show(self, rank: int, message: protocol.Message) -> None:

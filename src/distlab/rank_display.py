@@ -162,18 +162,18 @@ class RankDisplay:
 class DisplayHandle:
     """What ``display(..., display_id=True)`` returns on a rank, as IPython's handle does."""
 
-    def __init__(self, show: RankDisplay, display_id: str) -> None:
-        self._show = show
+    def __init__(self, display: RankDisplay, display_id: str) -> None:
+        self._display = display
         self.display_id = display_id
 
     def __repr__(self) -> str:
         return f"<DisplayHandle display_id={self.display_id}>"
 
     def display(self, obj: Any, **options: Any) -> None:
-        self._show(obj, display_id=self.display_id, **options)
+        self._display(obj, display_id=self.display_id, **options)
 
     def update(self, obj: Any, **options: Any) -> None:
-        self._show(obj, display_id=self.display_id, update=True, **options)
+        self._display(obj, display_id=self.display_id, update=True, **options)
 
 
 def show_value(value: Any) -> None:
@@ -186,7 +186,7 @@ def show_value(value: Any) -> None:
         current_display(data, raw=True, metadata=metadata)
 
 
-def route_ipython_display() -> None:
+def route_notebook_tools() -> None:
     """Notebook tools that, on a rank with no kernel around them, would not show in the cell, are
     routed to the rank's own, now or whenever they are first imported (importing them here would
     add their import time to every cold start):

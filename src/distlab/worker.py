@@ -264,7 +264,7 @@ class Rank:
         }
         namespace.update(self._given)
         rank_display.current_display = self._given["display"]
-        rank_display.route_ipython_display()
+        rank_display.route_notebook_tools()
         return namespace
 
     def _restore_deleted_names(self) -> None:
