@@ -4,15 +4,52 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager, KernelManager
+from jupyter_client.utils import run_sync
+
+
+class _UnixSockets:
+    """A kernel that talks over Unix sockets in a directory of its own, not over TCP ports.
+
+    Why: for TCP, jupyter_client finds free ports, closes them, and the kernel binds them a moment
+    later. The suite starts kernels and rank groups on two workers at once, and now and then
+    another process takes a port in that moment: the kernel dies with "Address already in use"
+    and a notebook test fails for a reason that is not the kit's. Paths in a fresh directory
+    cannot collide. (Learners' kernels are started by JupyterLab and are not affected.)
+    """
+
+    def __init__(self, **traits: Any) -> None:
+        super().__init__(**traits)  # type: ignore[call-arg]
+        self._sockets = tempfile.mkdtemp(prefix="distlab-kernel-")
+        self.transport = "ipc"
+        self.ip = os.path.join(self._sockets, "kernel")
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)  # type: ignore[misc]
+        if not restart:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+class UnixSocketKernelManager(_UnixSockets, KernelManager):
+    """A blocking kernel manager on Unix sockets (see _UnixSockets)."""
+
+    def cleanup_resources(self, restart: bool = False) -> None:
+        # KernelManager's own wraps its base coroutine, which would keep the directory
+        run_sync(self._async_cleanup_resources)(restart=restart)
+
+
+class AsyncUnixSocketKernelManager(_UnixSockets, AsyncKernelManager):
+    """nbclient's kernel manager on Unix sockets: ``NotebookClient(kernel_manager_class=...)``."""
 
 
 @dataclass
@@ -50,7 +87,7 @@ class KernelSession:
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        self.manager = KernelManager()
+        self.manager = UnixSocketKernelManager()
         self.manager.kernel_spec.argv[0] = sys.executable  # type: ignore[union-attr]
         # the kernel's own log (not cell output) goes nowhere: tests keep stderr clean
         self.manager.start_kernel(env=env, stderr=subprocess.DEVNULL)

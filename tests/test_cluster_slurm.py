@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernel_session import KernelSession
+from kernel_session import AsyncUnixSocketKernelManager, KernelSession
 from procs import wait_gone
 from slurm_cluster import LOOP_CELL, NETWORK, NODE_IFACES, NODES, SlurmCluster, skip_reason, when_every_rank_is_looping
 
@@ -320,6 +320,7 @@ def test_a_course_notebook_runs_headless_on_the_cluster(cluster: SlurmCluster) -
     assert setup.source == "%load_ext distlab\n%dist_start -n 4"
     setup.source = "%load_ext distlab\n" + START
     NotebookClient(nb, kernel_name="python3", timeout=300,
+                   kernel_manager_class=AsyncUnixSocketKernelManager,
                    resources={"metadata": {"path": str(notebooks)}}).execute()
     shown = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "self-check passed" in shown and "@dlnode1]" in shown and "@dlnode2]" in shown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import nbformat
 import pytest
+from kernel_session import AsyncUnixSocketKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -15,7 +16,8 @@ def _notebook(*sources: str) -> nbformat.NotebookNode:
 
 
 def _run(notebook: nbformat.NotebookNode, timeout: int = 120) -> NotebookClient:
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3")
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            kernel_manager_class=AsyncUnixSocketKernelManager)
     client.execute()
     return client
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from browser.labserver import REPO, LabServer, group_alive, port_is_free, start_lab, stop_lab
 from jupyter_client.blocking import BlockingKernelClient
-from jupyter_core.paths import jupyter_runtime_dir
 from procs import listening_addresses, parent, wait_gone
 
 pytestmark = pytest.mark.slow  # a real `make lab` server per module: make test, not make check
@@ -59,7 +58,7 @@ def rank_output(lab: LabServer) -> Iterator[str]:
     """Start a kernel in the lab and run a `%%dist -n 2` cell in it; yields what it printed."""
     kernel_id = lab.api("POST", "api/kernels", {"name": "python3"})["id"]
     client = BlockingKernelClient()
-    client.load_connection_file(os.path.join(jupyter_runtime_dir(), f"kernel-{kernel_id}.json"))
+    client.load_connection_file(str(lab.runtime_dir / f"kernel-{kernel_id}.json"))
     client.start_channels(hb=False)  # the server, not this test, watches the heartbeat
     printed: list[str] = []
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from kernel_session import AsyncUnixSocketKernelManager
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -138,6 +139,7 @@ def _run_clean(stem: str, world_size: int, monkeypatch: pytest.MonkeyPatch,
     if world_size != 4:
         assert with_rank_count(nb, world_size) > 0, f"{stem}: no `-n 4` to change"
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
+                            kernel_manager_class=AsyncUnixSocketKernelManager,
                             resources={"metadata": {"path": str(folder)}})
     client.execute()  # raises CellExecutionError on an error in a cell not tagged raises-exception
 

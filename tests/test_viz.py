@@ -16,6 +16,7 @@ import nbformat
 import pytest
 import torch
 import torch.distributed as dist
+from kernel_session import AsyncUnixSocketKernelManager
 from matplotlib.figure import Figure
 
 import distlab
@@ -46,7 +47,8 @@ def ring4() -> Any:
 def test_fixture_notebook_renders_timeline_table_buffers_stepper_and_bench() -> None:
     nb = nbformat.read(FIXTURE, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # committed clean
-    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3").execute()
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            kernel_manager_class=AsyncUnixSocketKernelManager).execute()
     outputs = [[dict(o) for o in c.outputs] for c in nb.cells if c.cell_type == "code"]
     flat = [o for cell in outputs for o in cell]
     assert not [o for o in flat if o.get("name") == "stderr" or o["output_type"] == "error"]

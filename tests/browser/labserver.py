@@ -11,9 +11,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +44,7 @@ class LabServer:
     port: int
     token: str
     log_path: Path
+    runtime_dir: Path  # kernels' connection files and sockets, the server's own files
     _log_file: Any = field(repr=False, default=None)
 
     @property
@@ -109,9 +112,15 @@ def start_lab(
     token = secrets.token_hex(16)
     run_env = dict(os.environ if env is None else env)
     run_env["JUPYTER_TOKEN"] = token
+    # the server's and its kernels' files go in a short-lived folder of this run, not the user's
+    # ~/.local/share/jupyter/runtime (a Unix socket path must stay under 108 bytes, hence /tmp)
+    runtime_dir = Path(tempfile.mkdtemp(prefix="distlab-lab-"))
+    run_env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
     run_env.pop("MAKEFLAGS", None)  # a parent `make test -j` must not leak its flags into ours
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop_lab
-    flags = f"--no-browser {lab_flags}".strip()
+    # kernels on Unix sockets: the suite's other worker cannot take a kernel's port between
+    # jupyter_client choosing it and the kernel binding it (see kernel_session._UnixSockets)
+    flags = f"--no-browser --KernelManager.transport=ipc {lab_flags}".strip()
     with _sigint_not_ignored():
         proc = subprocess.Popen(
             ["make", "--no-print-directory", "-C", str(REPO), "lab", "LAB_PORT=0",
@@ -122,7 +131,8 @@ def start_lab(
             env=run_env,
             start_new_session=True,  # own process group: the test stops exactly what it started
         )
-    server = LabServer(proc=proc, port=0, token=token, log_path=log_path, _log_file=log_file)
+    server = LabServer(proc=proc, port=0, token=token, log_path=log_path, runtime_dir=runtime_dir,
+                       _log_file=log_file)
     try:
         server.port = _wait_for_port(server, time.monotonic() + timeout)
         _wait_until_answering(server, time.monotonic() + timeout)
@@ -178,6 +188,7 @@ def stop_lab(server: LabServer, timeout: float = 30.0) -> int:
     finally:
         if server._log_file is not None:
             server._log_file.close()
+        shutil.rmtree(server.runtime_dir, ignore_errors=True)
     return server.proc.returncode if server.proc.returncode is not None else -9
 
 
