@@ -1,7 +1,8 @@
 """The Chinese edition: built from the English source, the same code, the glossary's terms.
 
 A Chinese reader relies on getting the same course: every notebook has its twin with the same
-cells and the same code, only its comments in Chinese (so a fix lands in both), the same template, the terms of
+cells and the same code, only its comments and printed captions in Chinese (so a fix lands in both), the same
+template, the terms of
 docs/glossary.md and none of the known mistranslations, and the kit's own messages in Chinese.
 An author relies on the build refusing an edition whose translation is missing or stale.
 """
@@ -53,13 +54,23 @@ def test_every_english_notebook_has_a_chinese_twin() -> None:
 
 
 @pytest.mark.parametrize("stem", STEMS)
-def test_the_twin_has_the_same_cells_and_the_same_code_with_its_comments_translated(stem: str) -> None:
+def test_the_twin_has_the_same_cells_and_the_same_code_with_its_comments_and_captions_translated(stem: str) -> None:
+    """The same code; only comments and the text literals a cell prints or draws differ. A caption
+    left in English must be one the catalogue keeps on purpose (text that code matches)."""
     en, zh = _read(NOTEBOOKS / f"{stem}.ipynb"), _read(ZH / f"{stem}.ipynb")
+    catalogue = edition.Catalogue.load(NOTEBOOKS / "_build" / "zh" / f"{stem}.md")
     assert [c.cell_type for c in zh.cells] == [c.cell_type for c in en.cells]
     assert [c.get("id") for c in zh.cells] == [c.get("id") for c in en.cells]
     for a, b in zip(en.cells, zh.cells, strict=True):
         if a.cell_type == "code":
-            assert edition.without_comments(b.source) == edition.without_comments(a.source), f"{stem} {a.id}: code differs"
+            (shape_en, literals_en), (shape_zh, literals_zh) = edition.code_shape(a.source), edition.code_shape(b.source)
+            assert shape_zh == shape_en, f"{stem} {a.id}: code differs"
+            for english, chinese in zip(literals_en, literals_zh, strict=True):
+                if chinese != english:
+                    assert catalogue.get(english) == chinese and CHINESE_TEXT.search(chinese), (stem, english)
+                    assert not edition.literal_problem(english, chinese), (stem, english)
+                elif re.search(r"[A-Za-z']{2,} +[A-Za-z]{2,}", re.sub(r"\{[^{}]*\}", "", english)):
+                    assert catalogue.get(english) == english, f"{stem} {a.id}: caption not translated: {english}"
             assert b.metadata == a.metadata
             english = set(edition.comment_texts(a.source))
             for comment in edition.comment_texts(b.source):  # kept in English only when it is a formula
@@ -150,6 +161,36 @@ def test_comments_are_translated_and_nothing_else_changes(tmp_path: Path) -> Non
                              "    # END SOLUTION\n    y = 1  # noqa: F841\n")
     assert edition.without_comments(out[0].source) == edition.without_comments(source)
     assert edition.without_comments(source) != edition.without_comments(source.replace("range(2)", "range(3)"))
+
+
+def test_captions_are_translated_with_their_fields_and_a_new_one_is_reported(tmp_path: Path) -> None:
+    """A printed caption is translated in place, the f-string keeps its fields (words quoted in a
+    field may change), an identifier stays, a translation that drops a field is refused, and an
+    English caption with no entry is reported like an untranslated comment."""
+    source = ('print(f"step {i}: loss {loss:.3f}")\n'
+              'show(x, title="before the all_reduce")\n'
+              'print(f"{\'fits\' if ok else \'does not fit\'} in memory")\n'
+              'd["world_size"] = 4\n'
+              'print("a new caption here")\n')
+    entries = {'f"step {i}: loss {loss:.3f}"': 'f"第 {i} 步：损失 {loss:.3f}"',
+               '"before the all_reduce"': 'f"all_reduce 之前"',
+               'f"{\'fits\' if ok else \'does not fit\'} in memory"': 'f"{\'放得下\' if ok else \'放不下\'}"',
+               '"a stale caption"': '"过时的译文"'}
+    catalogue = tmp_path / "x.md"
+    catalogue.write_text("".join(f"<!-- en:{edition.key(en)} -->\n{zh}\n\n" for en, zh in entries.items()),
+                         encoding="utf-8")
+    out, problems = edition.translate_cells([nbformat.v4.new_code_cell(source)], edition.Catalogue.load(catalogue))
+    assert out[0].source == ('print(f"第 {i} 步：损失 {loss:.3f}")\n'
+                             'show(x, title="before the all_reduce")\n'  # refused: it became an f-string
+                             'print(f"{\'放得下\' if ok else \'放不下\'}")\n'
+                             'd["world_size"] = 4\n'
+                             'print("a new caption here")\n')
+    assert problems.missing == ['"a new caption here"']
+    assert problems.unused == [edition.key('"a stale caption"')]
+    assert len(problems.wrong) == 1 and "prefix" in problems.wrong[0]
+    assert "differ" in edition.literal_problem('f"step {i}"', 'f"第 {j} 步"')
+    assert edition.literal_problem('"a b"', '"甲" + "乙"') == "not a single string literal"
+    assert edition.code_shape(out[0].source)[0] == edition.code_shape(source)[0]
 
 
 def test_the_build_check_fails_on_a_stale_translation(tmp_path: Path) -> None:

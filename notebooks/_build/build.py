@@ -1,8 +1,8 @@
 """Write both editions of the course from the chapter modules next to this file.
 
 English: notebooks/NN_*.ipynb, from the chapter modules. Chinese: notebooks/zh/NN_*.ipynb, the
-same cells with every markdown cell and code comment replaced by its entry in
-notebooks/_build/zh/NN_*.md (see distlab.edition). Code is the same in both; only comments differ.
+same cells with every markdown cell, code comment and printed caption replaced by its entry in
+notebooks/_build/zh/NN_*.md (see distlab.edition). Code is the same in both; only comments and captions differ.
 
     .venv/bin/python notebooks/_build/build.py            write every notebook
     .venv/bin/python notebooks/_build/build.py --check    write nothing; exit 1 if a committed

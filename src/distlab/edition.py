@@ -4,16 +4,28 @@ Why a catalogue keyed by the English text's hash: the English chapter sources st
 source of structure and code, and every translated markdown cell names the exact English text
 it translates. When the English changes, its hash changes, the old translation no longer
 matches, and the build refuses the edition as stale instead of shipping outdated Chinese next
-to corrected English. Code cells are never translated: both editions run the same code.
+to corrected English. Both editions run the same code: in a code cell only the comments are
+translated, and the string literals a catalogue lists (the captions a cell prints or draws, so a
+Chinese reader's output is Chinese too); a literal keeps its prefix and its ``{fields}``. An
+entry whose body is the English literal keeps it: text that code matches (an OS error message), and
+text matplotlib draws, since a learner's fonts may have no Chinese glyphs (boxes and a warning on
+stderr instead).
 
 A catalogue is a markdown file of entries, each headed by the hash of the English cell::
 
     <!-- en:3f2a9c1b0d -->
     中文的单元格内容……
+
+and, for a string literal, by the hash of the literal as written (quotes and prefix included),
+with the translated literal as its body::
+
+    <!-- en:9b1e0c77aa -->
+    f"第 {step} 步之后"
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import io
@@ -67,9 +79,10 @@ class Problems:
 
     missing: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)  # translated literals that cannot replace theirs
 
     def __bool__(self) -> bool:
-        return bool(self.missing or self.unused)
+        return bool(self.missing or self.unused or self.wrong)
 
     def describe(self, catalogue: Path) -> str:
         lines = [f"{catalogue}:"]
@@ -78,6 +91,7 @@ class Problems:
             lines.append(f"  no translation for en:{key(english)}  {first[:70]}")
         for k in self.unused:
             lines.append(f"  en:{k} translates text that is no longer in the English source")
+        lines.extend(f"  {problem}" for problem in self.wrong)
         return "\n".join(lines)
 
 
@@ -165,6 +179,108 @@ def without_comments(source: str) -> list[tuple[int, str]]:
     return magic + [(t.type, t.string) for t in _tokens(source) if t.type not in ignored]
 
 
+_FSTRING_START = getattr(tokenize, "FSTRING_START", -1)  # Python 3.12 splits an f-string in tokens
+_FSTRING_END = getattr(tokenize, "FSTRING_END", -1)
+_FIELD = re.compile(r"(?<!\{)\{(?!\{)[^{}]*\}")
+
+
+@dataclass
+class _Literal:
+    start: int  # offsets in the cell's source
+    end: int
+    text: str   # as written: prefix, quotes and all
+
+
+def _literals(source: str) -> list[_Literal]:
+    """The string literals of a cell, an f-string as one literal on every Python version."""
+    try:
+        tokens = _tokens(source)
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return []
+    offsets = [0]
+    for line in source.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(line))
+
+    def at(position: tuple[int, int]) -> int:
+        return offsets[position[0] - 1] + position[1]
+
+    found: list[_Literal] = []
+    depth, begin = 0, 0
+    for token in tokens:
+        if token.type == _FSTRING_START:
+            begin = at(token.start) if depth == 0 else begin
+            depth += 1
+        elif token.type == _FSTRING_END:
+            depth -= 1
+            if depth == 0:
+                found.append(_Literal(begin, at(token.end), source[begin:at(token.end)]))
+        elif token.type == tokenize.STRING and depth == 0:
+            found.append(_Literal(at(token.start), at(token.end), token.string))
+    return found
+
+
+def _prefix(literal: str) -> str:
+    return literal[:len(literal) - len(literal.lstrip("rRbBfFuU"))].lower()
+
+
+def literal_problem(english: str, translated: str) -> str:
+    """Why ``translated`` cannot stand in for the literal ``english`` ('' when it can): it must be
+    one literal of the same kind (an f-string stays one) with the same ``{fields}``."""
+    try:
+        tree = ast.parse(translated.strip(), mode="eval")
+    except SyntaxError as error:
+        return f"not a Python literal: {error.msg}"
+    if not isinstance(tree.body, (ast.Constant, ast.JoinedStr)):
+        return "not a single string literal"
+    if _prefix(translated.strip()) != _prefix(english):
+        return f"prefix {_prefix(translated.strip())!r} differs from the English {_prefix(english)!r}"
+    if _fields(translated) != _fields(english):
+        return "its {fields} differ from the English literal's"
+    return ""
+
+
+def _fields(literal: str) -> list[str]:
+    """A literal's {fields}, the words quoted inside them set aside (those may be translated)."""
+    return sorted(re.sub(r"'[^']*'|\"[^\"]*\"", "''", found) for found in _FIELD.findall(literal))
+
+
+def _reads_as_text(literal: str) -> bool:
+    """Two English words or more outside its {fields}: a caption, a message, a label."""
+    return re.search(r"[A-Za-z']{2,} +[A-Za-z]{2,}", _FIELD.sub("", literal)) is not None
+
+
+def translate_literals(source: str, catalogue: Catalogue) -> tuple[str, set[str], list[str], list[str]]:
+    """``source`` with each literal the catalogue lists replaced; the keys used; the literals
+    that read as text and have no entry (an entry whose body is the English literal keeps it, for
+    text that code matches, such as an error message); translations that cannot stand in."""
+    used: set[str] = set()
+    missing: list[str] = []
+    problems: list[str] = []
+    for literal in reversed(_literals(source)):
+        translated = catalogue.get(literal.text)
+        if translated is None:
+            if _reads_as_text(literal.text):
+                missing.append(literal.text)
+            continue
+        used.add(key(literal.text))
+        problem = literal_problem(literal.text, translated)
+        if problem:
+            problems.append(f"en:{key(literal.text)} {literal.text[:60]}: {problem}")
+            continue
+        source = source[:literal.start] + translated.strip() + source[literal.end:]
+    missing.reverse()
+    return source, used, missing, problems
+
+
+def code_shape(source: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """What a cell runs with its string literals set aside, and those literals: two editions'
+    cells run the same code when their shapes are equal and only listed literals differ."""
+    literals = _literals(source)
+    for literal in reversed(literals):
+        source = source[:literal.start] + '""' + source[literal.end:]
+    return without_comments(source), [literal.text for literal in literals]
+
+
 def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = True, comments: bool = True
                     ) -> tuple[list[Any], Problems]:
     """Copies of ``cells`` whose markdown and code comments are replaced by their translation.
@@ -187,6 +303,10 @@ def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = Tr
         elif cell.cell_type == "code" and comments:
             cell.source, missing, keys = translate_comments(cell.source, catalogue)
             problems.missing.extend(missing)
+            used |= keys
+            cell.source, keys, missing, wrong = translate_literals(cell.source, catalogue)
+            problems.missing.extend(missing)
+            problems.wrong.extend(wrong)
             used |= keys
         out.append(cell)
     problems.unused = sorted(set(catalogue.entries) - used)
