@@ -80,7 +80,7 @@ check: $(STAMP) lint
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) -m "not slow and not browser and not gpu and not cluster" \
 	  --ignore=tests/browser
 
-# The pictures the notebooks show before any cell runs (notebooks/figures/*.svg), drawn from the
+# The pictures the notebooks show before any cell runs (notebooks/figures/*.svg, notebooks/zh/figures/*.svg), drawn from the
 # recorded runs in notebooks/figures/recorded.json; `make figures RECORD=1` runs the ranks again first.
 figures: $(STAMP)
 	$(PY) notebooks/_build/figures.py $(if $(RECORD),--record)

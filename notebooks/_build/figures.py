@@ -5,6 +5,8 @@ Each picture is drawn by the kit's own drawing code (``distlab.svg``) from a rec
 to figures/recorded.json; drawing reads only that file, so the SVGs are the same bytes on
 every machine and tests/test_figures.py can check that they are rebuilt unchanged. The ring
 of notebook 09 comes from distlab's recording of the instructor's ring (no answer is shipped).
+Each edition gets its own pictures, the same numbers with its own words (notebooks/zh/figures/
+from notebooks/_build/zh/figures.md): a caption with no translation stops the drawing.
 
     .venv/bin/python notebooks/_build/figures.py            # draw from the recorded runs
     .venv/bin/python notebooks/_build/figures.py --record   # run the ranks again, then draw
@@ -14,12 +16,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 FIGURES = HERE.parent / "figures"
 RECORDED = FIGURES / "recorded.json"
+# each edition's pictures sit beside its notebooks; their words come from notebooks/_build/LANG/figures.md
+EDITION_FIGURES = {"en": FIGURES, "zh": HERE.parent / "zh" / "figures"}
 
 
 # --- recording: runs on real ranks ---------------------------------------------------------------
@@ -136,63 +141,66 @@ def record() -> dict[str, Any]:
 
 
 # --- drawing: from the recorded data only ------------------------------------------------------
+Words = Callable[[str], str]  # English text -> the edition's
+
+
 def _grid(bufs: list[Any], title: str, **kw: Any) -> tuple[str, int, int]:
     from distlab import svg
 
     return svg.buffers(bufs, title=title, **kw)
 
 
-def _two(data: dict[str, Any], key: str, before: str, after: str, caption: str) -> str:
+def _two(data: dict[str, Any], key: str, before: str, after: str, caption: str, tr: Words) -> str:
     from distlab import svg
 
     rows = data[key]
-    return svg.compose([_grid([r[0] for r in rows], before), _grid([r[1] for r in rows], after)],
-                       caption=caption)
+    return svg.compose([_grid([r[0] for r in rows], tr(before)), _grid([r[1] for r in rows], tr(after))],
+                       caption=tr(caption))
 
 
-def drawings(data: dict[str, Any]) -> dict[str, str]:
-    """File name -> SVG text, one per notebook."""
+def drawings(data: dict[str, Any], tr: Words = str) -> dict[str, str]:
+    """File name -> SVG text, one per notebook, its words passed through ``tr``."""
     from distlab import svg
     from distlab.replay import recording, ring_frames
 
     pics = {
         "00_all_reduce.svg": _two(data, "all_reduce", "before: each rank's own numbers",
-                                  "after all_reduce: everyone has the sum", "4 ranks, one all_reduce"),
+                                  "after all_reduce: everyone has the sum", "4 ranks, one all_reduce", tr),
         "01_groups.svg": _two(data, "groups", "before", "after all_reduce in groups {0, 2} and {1, 3}",
-                              "two process groups of two ranks"),
+                              "two process groups of two ranks", tr),
         "03_broadcast.svg": _two(data, "broadcast", "before: only rank 0 has the data",
-                                 "after broadcast(src=0)", "broadcast: one captain, everyone hears"),
+                                 "after broadcast(src=0)", "broadcast: one captain, everyone hears", tr),
         "06_all_gather.svg": _two(data, "all_gather", "before: one piece per rank",
-                                  "after all_gather: every piece everywhere", "all_gather"),
+                                  "after all_gather: every piece everywhere", "all_gather", tr),
         "07_reduce_scatter.svg": _two(data, "reduce_scatter", "before: a full buffer per rank",
                                       "after reduce_scatter: rank r holds the sum of slice r",
-                                      "reduce_scatter"),
+                                      "reduce_scatter", tr),
         "08_all_to_all.svg": _two(data, "all_to_all", "before: rank r holds 10r + j for each j",
                                   "after all_to_all: rank r holds 10j + r from each j",
-                                  "all_to_all: a transpose of the team's table"),
+                                  "all_to_all: a transpose of the team's table", tr),
         "10_gradients.svg": _two(data, "gradients", "each rank's gradient, from its own data",
                                  "after all_reduce / world_size: the same average everywhere",
-                                 "data parallelism: averaging gradients"),
+                                 "data parallelism: averaging gradients", tr),
         "11_all_reduce_ones.svg": _two(data, "ones", "before: ones on every rank",
                                        "after one all_reduce: every element is world_size",
-                                       "what the benchmark repeats"),
+                                       "what the benchmark repeats", tr),
     }
     rows = data["p2p"]
     messages = [{"src": r, "dst": (r + 1) % len(rows)} for r in range(len(rows))]
     pics["02_ring_pass.svg"] = svg.compose(
-        [svg.ring(len(rows), messages), _grid([r[0] for r in rows], "sent to the right"),
-         _grid([r[1] for r in rows], "received from the left")], across=True,
-        caption="isend to the right, irecv from the left")
+        [svg.ring(len(rows), messages), _grid([r[0] for r in rows], tr("sent to the right")),
+         _grid([r[1] for r in rows], tr("received from the left"))], across=True,
+        caption=tr("isend to the right, irecv from the left"))
     rows = data["scatter_gather"]
     pics["04_scatter_gather.svg"] = svg.compose(
-        [_grid([r[0] for r in rows], "before: rank 0 holds the table"),
-         _grid([r[1] for r in rows], "after scatter: one slice each"),
-         _grid([r[2] for r in rows], "after gather of 10 x slice: rank 0 holds them all")],
-        caption="scatter, then gather")
+        [_grid([r[0] for r in rows], tr("before: rank 0 holds the table")),
+         _grid([r[1] for r in rows], tr("after scatter: one slice each")),
+         _grid([r[2] for r in rows], tr("after gather of 10 x slice: rank 0 holds them all"))],
+        caption=tr("scatter, then gather"))
     rows = data["reduce"]
     pics["05_reduce.svg"] = svg.compose(
-        [_grid([r[0] for r in rows], "before"), _grid([r[1] for r in rows], "after reduce(dst=0): only rank 0"),
-         _grid([r[2] for r in rows], "after all_reduce: everyone")], caption="reduce and all_reduce")
+        [_grid([r[0] for r in rows], tr("before")), _grid([r[1] for r in rows], tr("after reduce(dst=0): only rank 0")),
+         _grid([r[2] for r in rows], tr("after all_reduce: everyone"))], caption=tr("reduce and all_reduce"))
     frames = ring_frames(recording("ring_all_reduce_4ranks"))
     nums = [float(v) for f in frames for b in f.buffers if b for v in b]
     panels = []
@@ -200,25 +208,57 @@ def drawings(data: dict[str, Any]) -> dict[str, str]:
         f = frames[k]
         marks = {(r, i): svg.SENT for r in range(len(f.sent)) for i in f.sent[r]}
         marks.update({(r, i): svg.RECEIVED for r in range(len(f.received)) for i in f.received[r]})
-        panels.append(_grid(f.buffers, f"{f.label}: blue sent, orange received", marks=marks,
+        panels.append(_grid(f.buffers, tr("{step}: blue sent, orange received").format(step=tr(f.label)), marks=marks,
                             vrange=(min(nums), max(nums))))
-    pics["09_ring.svg"] = svg.compose(panels, caption="ring all_reduce on 4 ranks (recorded)")
+    pics["09_ring.svg"] = svg.compose(panels, caption=tr("ring all_reduce on 4 ranks (recorded)"))
     stages = data["hierarchical"]
-    labels = [f"node {r // 4} gpu {r % 4}" for r in range(8)]
-    titles = ["before: 8 GPUs in 2 nodes", "reduce_scatter inside each node",
-              "all_reduce across the nodes (GPU i with GPU i)", "all_gather inside each node"]
+    labels = [tr("node {node} gpu {gpu}").format(node=r // 4, gpu=r % 4) for r in range(8)]
+    titles = [tr(t) for t in ("before: 8 GPUs in 2 nodes", "reduce_scatter inside each node",
+                              "all_reduce across the nodes (GPU i with GPU i)", "all_gather inside each node")]
     pics["12_hierarchical.svg"] = svg.compose(
         [svg.buffers([s[k] for s in stages], title=t, labels=labels) for k, t in enumerate(titles)],
-        caption="hierarchical all_reduce, 2 nodes of 4 GPUs (recorded on 8 ranks)")
+        caption=tr("hierarchical all_reduce, 2 nodes of 4 GPUs (recorded on 8 ranks)"))
     return pics
 
 
-def draw(out: Path = FIGURES) -> list[Path]:
+class Untranslated(Exception):
+    """Words of a picture with no entry in the edition's catalogue (the message holds stubs)."""
+
+
+def words(lang: str) -> Words:
+    """The edition's words for a picture's English text: itself in English, else its entry in
+    notebooks/_build/LANG/figures.md; text without one makes the drawing fail with a stub."""
+    if lang == "en":
+        return str
+    from distlab.edition import Catalogue, stubs
+
+    catalogue = Catalogue.load(HERE / lang / "figures.md")
+    missing: list[str] = []
+
+    def tr(english: str) -> str:
+        found = catalogue.get(english)
+        if found is None:
+            missing.append(english)
+        return found if found is not None else english
+
+    tr.missing = missing  # type: ignore[attr-defined]
+    tr.stubs = lambda: stubs(missing)  # type: ignore[attr-defined]
+    return tr
+
+
+def draw(out: Path | None = None, lang: str = "en") -> list[Path]:
+    """Write the edition's pictures to ``out`` (its figures folder unless given)."""
     data = json.loads(RECORDED.read_text())
+    tr = words(lang)
+    pictures = drawings(data, tr)
+    if getattr(tr, "missing", None):
+        raise Untranslated(f"pictures of the {lang} edition: no translation in "
+                           f"notebooks/_build/{lang}/figures.md for\n{tr.stubs()}")  # type: ignore[attr-defined]
+    out = out or EDITION_FIGURES[lang]
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in sorted(drawings(data).items()):
-        (out / name).write_text(text)
+    for name, text in sorted(pictures.items()):
+        (out / name).write_text(text, encoding="utf-8")
         written.append(out / name)
     return written
 
@@ -228,8 +268,9 @@ def main(argv: list[str]) -> int:
         FIGURES.mkdir(parents=True, exist_ok=True)
         RECORDED.write_text(json.dumps(record(), indent=None, separators=(",", ":")) + "\n")
         print(f"recorded {RECORDED.relative_to(HERE.parent.parent)}")
-    for path in draw():
-        print(f"wrote {path.relative_to(HERE.parent.parent)}")
+    for lang in EDITION_FIGURES:
+        for path in draw(lang=lang):
+            print(f"wrote {path.relative_to(HERE.parent.parent)}")
     return 0
 
 

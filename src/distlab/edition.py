@@ -40,9 +40,10 @@ from distlab.i18n import LANGUAGES
 
 _MARKER = re.compile(r"^<!-- en:([0-9a-f]{10}) -->[ \t]*$", re.MULTILINE)
 # Links the translated notebook (one folder down, notebooks/zh/) must reach one folder up. A
-# translation writes links as the English has them; sibling notebooks stay siblings, and a link
-# that already climbs (../00_welcome.ipynb, to the English edition) is kept as written.
-_LOCAL_LINK = re.compile(r"\]\((?!https?:|#|mailto:|\.\./|[0-9]{2}_[\w-]+\.ipynb)([^)\s]+)\)")
+# translation writes links as the English has them; sibling notebooks stay siblings, pictures
+# come from the edition's own figures/ (their words are translated too), and a link that already
+# climbs (../00_welcome.ipynb, to the English edition) is kept as written.
+_LOCAL_LINK = re.compile(r"\]\((?!https?:|#|mailto:|\.\./|figures/|[0-9]{2}_[\w-]+\.ipynb)([^)\s]+)\)")
 
 
 def key(english: str) -> str:

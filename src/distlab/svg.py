@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,11 @@ from distlab.render import cell_color, fmt_value, rows_of
 CELL_W, CELL_H, GAP = 34, 22, 2
 TITLE_H, FONT, CHAR_W = 22, 12, 7.3  # CHAR_W: width of one monospace character at FONT
 SENT, RECEIVED = "#4e79a7", "#f28e2b"  # the stepper's colours
+
+
+def text_width(text: str) -> float:
+    """Pixels ``text`` takes at FONT: a Chinese character is about two monospace columns."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text) * CHAR_W
 
 
 def _text(x: float, y: float, text: str, anchor: str = "start", weight: str = "normal",
@@ -35,9 +41,9 @@ def buffers(bufs: Sequence[Any], title: str | None = None, labels: Sequence[str]
     nums = [float(v) for row in rows for v in row if isinstance(v, (int, float)) and not isinstance(v, bool)]
     lo, hi = vrange or ((min(nums), max(nums)) if nums else (0.0, 0.0))
     top = TITLE_H if title else 0
-    label_w = int(max((len(name) for name in names), default=0) * CHAR_W) + 10
+    label_w = int(max((text_width(name) for name in names), default=0)) + 10
     width = max(label_w + max((len(r) for r in rows), default=0) * (CELL_W + GAP),
-                int(len(title or "") * CHAR_W) + 4)
+                int(text_width(title or "")) + 4)
     parts = [_text(0, 15, title, weight="bold")] if title else []
     for r, row in enumerate(rows):
         y = top + r * (CELL_H + GAP)
@@ -86,7 +92,7 @@ def compose(panels: Sequence[tuple[str, int, int]], across: bool = False, gap: i
             y += h + gap
             width, height = max(width, w), y - gap
     head = [_text(0, 16, caption, weight="bold")] if caption else []
-    width = max(width, int(len(caption or "") * CHAR_W) + 4)
+    width = max(width, int(text_width(caption or "")) + 4)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 4}" height="{height + top + 4}" '
             f'viewBox="0 0 {width + 4} {height + top + 4}">\n'
             f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(head + body) + "\n</svg>\n")
