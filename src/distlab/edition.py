@@ -284,10 +284,11 @@ def code_shape(source: str) -> tuple[list[tuple[int, str]], list[str]]:
 
 def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = True, comments: bool = True
                     ) -> tuple[list[Any], Problems]:
-    """Copies of ``cells`` whose markdown and code comments are replaced by their translation.
+    """Copies of ``cells`` whose markdown, code comments and captions are replaced by their translation.
 
-    ``relink`` rewrites relative links (figures/x.svg) for a notebook one folder further down;
-    ``comments`` translates the comments in code cells.
+    ``relink`` rewrites relative links (other than to notebooks and figures/) for a notebook one
+    folder further down; ``comments`` translates the comments and captions in code cells (an
+    exercise release keeps its code cells as graded, byte for byte).
     """
     problems = Problems()
     used: set[str] = set()
