@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader.release import TRANSLATIONS
+
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
@@ -88,6 +90,7 @@ class Course:
         if self.results_dir is not None:
             config.TrustedExecute.results_dir = str(self.results_dir)
         config.TrustedExecute.reference_dir = str(SOLUTIONS)
+        config.RestoreDeletedTests.translations = str(TRANSLATIONS)
         config.TrustedExecute.protected = self.protected()
         return config
 

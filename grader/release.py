@@ -34,18 +34,20 @@ def catalogue_path(assignment: str, lang: str) -> Path:
 
 def translate(nb: Any, assignment: str, lang: str) -> tuple[Any, str]:
     """The student release in another language: same cells, ids, points and code; translated
-    prose, with nbgrader's checksums of the locked prose cells recomputed. Returns (notebook,
-    what is missing or stale in the catalogue, '' when nothing)."""
+    prose, comments and captions, with nbgrader's checksums of the cells that carry one recomputed
+    (the grader accepts a locked code cell that is exactly this translation of the English one:
+    distlab.grading.nbgrader_hooks.RestoreDeletedTests). Returns (notebook, what is missing or
+    stale in the catalogue, '' when nothing)."""
     from nbgrader.utils import compute_checksum
 
     from distlab.edition import Catalogue, translate_cells
 
     catalogue = Catalogue.load(catalogue_path(assignment, lang))
     nb = nbformat.from_dict(nb)
-    cells, problems = translate_cells(nb.cells, catalogue, relink=False, comments=False)
+    cells, problems = translate_cells(nb.cells, catalogue, relink=False)
     for cell in cells:
         info = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "markdown" and "checksum" in info:
+        if "checksum" in info:
             info["checksum"] = compute_checksum(cell)
     nb.cells = cells
     nb.metadata["distlab"] = {"lang": lang}

@@ -206,6 +206,8 @@ def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_pa
             grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
             if grade_id in answers:
                 cell.source = answers[grade_id]
+            if name == "forgot_subgroup" and grade_id == "test_divisible":  # Chinese comments, edited code
+                cell.source = cell.source.replace("assert torch.equal", "assert True or torch.equal")
         nbformat.write(nb, inbox / f"zh_{name}.ipynb")
     course = tmp_path / "course"
     done = _grader("autograde", str(inbox), "--course", str(course), "--jobs", "1",
@@ -218,6 +220,14 @@ def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_pa
 
     graded = nbformat.read(course / "autograded" / "zh_solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
     assert graded.cells[0].source == chinese.cells[0].source, "the Chinese prose stays"
+    locked = [(c.source, g.source) for c, g in zip(chinese.cells, graded.cells, strict=True)
+              if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("locked")]
+    assert any("持有" in released for released, _ in locked)  # a comment of the try cell, in Chinese
+    for released, kept in locked:  # a test cell gets its hidden tests back, in between
+        assert set(released.splitlines()) <= set(kept.splitlines()), "the Chinese comments and captions stay"
+    edited = nbformat.read(course / "autograded" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+    restored = next(c.source for c in edited.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_divisible")
+    assert "assert True or" not in restored and "rank r holds" in restored, restored  # the instructor's cell
     shown = [o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert any(t.startswith("通过（") for t in shown), shown
     assert _grader("feedback", "--course", str(course)).returncode == 0

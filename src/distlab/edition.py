@@ -282,13 +282,24 @@ def code_shape(source: str) -> tuple[list[tuple[int, str]], list[str]]:
     return without_comments(source), [literal.text for literal in literals]
 
 
+def translate_code(source: str, catalogue: Catalogue) -> tuple[str, Problems, set[str]]:
+    """A code cell's ``source`` with its comments and listed captions translated; what is missing
+    or wrong; the keys used."""
+    problems = Problems()
+    source, missing, used = translate_comments(source, catalogue)
+    problems.missing.extend(missing)
+    source, keys, missing, wrong = translate_literals(source, catalogue)
+    problems.missing.extend(missing)
+    problems.wrong.extend(wrong)
+    return source, problems, used | keys
+
+
 def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = True, comments: bool = True
                     ) -> tuple[list[Any], Problems]:
     """Copies of ``cells`` whose markdown, code comments and captions are replaced by their translation.
 
     ``relink`` rewrites relative links (other than to notebooks and figures/) for a notebook one
-    folder further down; ``comments`` translates the comments and captions in code cells (an
-    exercise release keeps its code cells as graded, byte for byte).
+    folder further down; ``comments`` translates the comments and captions in code cells.
     """
     problems = Problems()
     used: set[str] = set()
@@ -303,12 +314,9 @@ def translate_cells(cells: list[Any], catalogue: Catalogue, *, relink: bool = Tr
                 used.add(key(cell.source))
                 cell.source = _LOCAL_LINK.sub(r"](../\1)", translated) if relink else translated
         elif cell.cell_type == "code" and comments:
-            cell.source, missing, keys = translate_comments(cell.source, catalogue)
-            problems.missing.extend(missing)
-            used |= keys
-            cell.source, keys, missing, wrong = translate_literals(cell.source, catalogue)
-            problems.missing.extend(missing)
-            problems.wrong.extend(wrong)
+            cell.source, found, keys = translate_code(cell.source, catalogue)
+            problems.missing.extend(found.missing)
+            problems.wrong.extend(found.wrong)
             used |= keys
         out.append(cell)
     problems.unused = sorted(set(catalogue.entries) - used)

@@ -13,13 +13,16 @@ trailing NaN, redirected stderr, a crash) can change a grade.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
+import nbformat
 from nbformat.v4 import new_output
-from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
+from nbgrader.api import MissingEntry
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
 from traitlets import Float, List, Unicode
 
-from distlab.edition import language_of
+from distlab.edition import Catalogue, language_of, translate_code
 from distlab.grading.catalog import entry
 from distlab.grading.extract import solution_source
 from distlab.grading.spec import DEFAULT_PART_TIMEOUT, SubmissionResult, source_digest
@@ -119,18 +122,51 @@ class RestoreDeletedTests(OverwriteCells):
     or first if there is none.
     """
 
+    translations = Unicode(
+        "", help="Folder of the editions' catalogues (LANG/ASSIGNMENT.md); empty: English only."
+    ).tag(config=True)
+
     def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         self._edition = language_of(nb)
+        self._catalogue: Catalogue | None = None
+        if self._edition != "en" and self.translations:
+            path = Path(self.translations) / self._edition / f"{resources['nbgrader']['assignment']}.md"
+            self._catalogue = Catalogue.load(path) if path.is_file() else None
         return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell: Any, resources: Any, index: int) -> tuple[Any, Any]:
         """A translated edition keeps its own prose: locked markdown carries no grade, and putting
-        the English back would hand a Chinese student English feedback."""
+        the English back would hand a Chinese student English feedback. A locked code cell keeps
+        its translated comments and captions when it is exactly the release's translation of the
+        instructor's cell; any other change puts the instructor's cell back, as in English."""
         info = cell.metadata.get("nbgrader", {})
         if (getattr(self, "_edition", "en") != "en" and cell.cell_type == "markdown"
                 and info.get("locked") and not info.get("grade")):
             return cell, resources
-        return super().preprocess_cell(cell, resources, index)
+        english = self._english_of(cell) if cell.cell_type == "code" and info.get("locked") else None
+        if english is None:
+            return super().preprocess_cell(cell, resources, index)
+        cell.source = english  # nbgrader checks (and keeps) the instructor's text, hidden tests included
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        cell.source = translate_code(english, self._catalogue)[0]  # type: ignore[arg-type]
+        return cell, resources
+
+    def _english_of(self, cell: Any) -> str | None:
+        """The instructor's source of a locked code cell whose text is the release's translation of
+        it (its hidden tests cleared, as in the release), else None."""
+        catalogue = getattr(self, "_catalogue", None)
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if catalogue is None or grade_id is None:
+            return None
+        try:
+            english = str(self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id).source)
+        except MissingEntry:
+            return None
+        released = nbformat.from_dict({"cell_type": "code", "source": english, "metadata": {}})
+        ClearHiddenTests(config=self.config)._remove_hidden_test_region(released)
+        if cell.source == released.source or cell.source != translate_code(released.source, catalogue)[0]:
+            return None
+        return english
 
     def add_missing_grade_cells(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         source_nb = self.gradebook.find_notebook(self.notebook_id, self.assignment_id)
