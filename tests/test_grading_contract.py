@@ -197,8 +197,8 @@ def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_pa
     chinese = nbformat.read(REPO / "exercises" / "zh" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    for name in ("solution", "forgot_subgroup"):
-        english = nbformat.read(FIXTURES / ASSIGNMENT / f"{name}.ipynb", as_version=4)
+    for name in ("solution", "forgot_subgroup", "untouched"):
+        english = nbformat.read(FIXTURES / ASSIGNMENT / f"{name}.ipynb", as_version=4) if name != "untouched" else chinese
         answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in english.cells
                    if c.metadata.get("nbgrader", {}).get("solution")}
         nb = nbformat.from_dict(chinese)
@@ -217,6 +217,14 @@ def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_pa
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(_grader("export", "--course", str(course)).stdout))}
     assert _scores(rows["zh_solution"]) == PINNED["solution"]
     assert _scores(rows["zh_forgot_subgroup"]) == PINNED["forgot_subgroup"]
+    assert not any(_scores(rows["zh_untouched"]).values())
+    from nbgrader.api import Gradebook
+
+    answer = next(c.metadata["nbgrader"]["grade_id"] for c in chinese.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:  # as for an untouched English answer
+        comments = {student: gradebook.find_comment(answer, ASSIGNMENT, ASSIGNMENT, student).auto_comment
+                    for student in ("zh_untouched", "zh_solution")}
+    assert comments == {"zh_untouched": "No response.", "zh_solution": None}, comments
 
     graded = nbformat.read(course / "autograded" / "zh_solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
     assert graded.cells[0].source == chinese.cells[0].source, "the Chinese prose stays"

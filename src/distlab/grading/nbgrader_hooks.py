@@ -20,6 +20,7 @@ import nbformat
 from nbformat.v4 import new_output
 from nbgrader.api import MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
+from nbgrader.utils import compute_checksum
 from traitlets import Float, List, Unicode
 
 from distlab.edition import Catalogue, language_of, translate_code
@@ -145,15 +146,19 @@ class RestoreDeletedTests(OverwriteCells):
             return cell, resources
         english = self._english_of(cell) if cell.cell_type == "code" and info.get("locked") else None
         if english is None:
-            return super().preprocess_cell(cell, resources, index)
+            untouched = info.get("solution") and self._english_of(cell) is not None
+            cell, resources = super().preprocess_cell(cell, resources, index)
+            if untouched:  # the answer cell as released, in translation: nbgrader's "No response."
+                cell.metadata.nbgrader["checksum"] = compute_checksum(cell)
+            return cell, resources
         cell.source = english  # nbgrader checks (and keeps) the instructor's text, hidden tests included
         cell, resources = super().preprocess_cell(cell, resources, index)
         cell.source = translate_code(english, self._catalogue)[0]  # type: ignore[arg-type]
         return cell, resources
 
     def _english_of(self, cell: Any) -> str | None:
-        """The instructor's source of a locked code cell whose text is the release's translation of
-        it (its hidden tests cleared, as in the release), else None."""
+        """The instructor's source of a cell whose text is the release's translation of it (its
+        hidden tests cleared, as in the release), else None."""
         catalogue = getattr(self, "_catalogue", None)
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if catalogue is None or grade_id is None:
