@@ -225,35 +225,33 @@ class Untranslated(Exception):
     """Words of a picture with no entry in the edition's catalogue (the message holds stubs)."""
 
 
-def words(lang: str) -> Words:
+class EditionWords:
     """The edition's words for a picture's English text: itself in English, else its entry in
-    notebooks/_build/LANG/figures.md; text without one makes the drawing fail with a stub."""
-    if lang == "en":
-        return str
-    from distlab.edition import Catalogue, stubs
+    notebooks/_build/LANG/figures.md; the English text without one is kept in ``missing``."""
 
-    catalogue = Catalogue.load(HERE / lang / "figures.md")
-    missing: list[str] = []
+    def __init__(self, lang: str) -> None:
+        from distlab.edition import Catalogue
 
-    def tr(english: str) -> str:
-        found = catalogue.get(english)
+        self.catalogue = None if lang == "en" else Catalogue.load(HERE / lang / "figures.md")
+        self.missing: list[str] = []
+
+    def __call__(self, english: str) -> str:
+        found = english if self.catalogue is None else self.catalogue.get(english)
         if found is None:
-            missing.append(english)
-        return found if found is not None else english
-
-    tr.missing = missing  # type: ignore[attr-defined]
-    tr.stubs = lambda: stubs(missing)  # type: ignore[attr-defined]
-    return tr
+            self.missing.append(english)
+        return english if found is None else found
 
 
 def draw(out: Path | None = None, lang: str = "en") -> list[Path]:
     """Write the edition's pictures to ``out`` (its figures folder unless given)."""
+    from distlab.edition import stubs
+
     data = json.loads(RECORDED.read_text())
-    tr = words(lang)
-    pictures = drawings(data, tr)
-    if getattr(tr, "missing", None):
+    words = EditionWords(lang)
+    pictures = drawings(data, words)
+    if words.missing:
         raise Untranslated(f"pictures of the {lang} edition: no translation in "
-                           f"notebooks/_build/{lang}/figures.md for\n{tr.stubs()}")  # type: ignore[attr-defined]
+                           f"notebooks/_build/{lang}/figures.md for\n{stubs(words.missing)}")
     out = out or EDITION_FIGURES[lang]
     out.mkdir(parents=True, exist_ok=True)
     written = []
