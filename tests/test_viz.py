@@ -156,6 +156,13 @@ def test_table_shows_measured_and_theoretical_bytes(ring4: Any) -> None:
     assert "<td>isend</td><td>6</td><td>60 B</td><td>60 B</td><td>0 B</td>" in rank0
 
 
+def test_the_table_speaks_the_learners_language(ring4: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISTLAB_LANG", "zh")
+    html = viz.trace_table_html(ring4.trace)
+    assert "<th>调用次数</th>" in html and "<th>理论总线字节数</th>" in html and "calls" not in html
+    assert "没有 torch.distributed 调用" in viz.trace_table_html([[]])
+
+
 def test_show_buffers_outside_a_kernel_returns_a_grid() -> None:
     grid = viz.show_buffers([torch.tensor([1.0, 2.0]), [[3, 4], [5, 6]]], title="two ranks")
     assert isinstance(grid, viz.BufferGrid)

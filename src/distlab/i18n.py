@@ -229,6 +229,16 @@ ZH: dict[str, str] = {
     "the rank process waits in the operating system (disk or network file system I/O)":
         "该 rank 进程正在操作系统里等待（磁盘或网络文件系统的 I/O）",
     "the rank process has exited": "该 rank 进程已经退出",
+    # the per-rank table of torch.distributed calls (viz.trace_table_html)
+    "op": "操作",
+    "calls": "调用次数",
+    "size": "大小",
+    "sent": "发送",
+    "received": "接收",
+    "theoretical bus bytes": "理论总线字节数",
+    "time (ms)": "时间 (ms)",
+    "busbw (GB/s)": "总线带宽 busbw (GB/s)",
+    "no torch.distributed calls": "没有 torch.distributed 调用",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

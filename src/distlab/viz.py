@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from distlab.costmodel import canonical_op
+from distlab.i18n import tr
 from distlab.records import CallRecord, Trace, messages
 from distlab.render import BufferGrid, fmt_bytes
 from distlab.replay import ring_stepper
@@ -192,8 +193,9 @@ def timeline_figure(traces: Trace, title: str | None = None,
 def trace_table_html(traces: Trace, nodes: dict[int, str] | None = None) -> str:
     """Per rank and operation: calls, message size, logical bytes sent/received, the
     theoretical bus bytes (nccl-tests factors), time spent and the measured bus bandwidth."""
-    head = ("<tr><th>op</th><th>calls</th><th>size</th><th>sent</th><th>received</th>"
-            "<th>theoretical bus bytes</th><th>time (ms)</th><th>busbw (GB/s)</th></tr>")
+    columns = (tr("op"), tr("calls"), tr("size"), tr("sent"), tr("received"), tr("theoretical bus bytes"),
+               tr("time (ms)"), tr("busbw (GB/s)"))
+    head = "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>"
     parts = ['<div style="display:flex;flex-wrap:wrap;gap:1.5em">']
     names = rank_names(len(traces), nodes)
     for rank, rank_records in enumerate(_calls(traces)):
@@ -211,7 +213,7 @@ def trace_table_html(traces: Trace, nodes: dict[int, str] | None = None) -> str:
                         f"<td>{fmt_bytes(recv)}</td><td>{fmt_bytes(bus)}</td>"
                         f"<td>{dt * 1e3:.3f}</td><td>{bw}</td></tr>")
         if not body:
-            body.append('<tr><td colspan="8">no torch.distributed calls</td></tr>')
+            body.append(f'<tr><td colspan="8">{html.escape(tr("no torch.distributed calls"))}</td></tr>')
         parts.append(f'<table class="distlab-trace"><caption>{html.escape(names[rank])}</caption>'
                      f"{head}{''.join(body)}</table>")
     parts.append("</div>")
