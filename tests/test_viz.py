@@ -20,7 +20,7 @@ from kernel_session import AsyncUnixSocketKernelManager
 from matplotlib.figure import Figure
 
 import distlab
-from distlab import trace, viz
+from distlab import replay, trace, viz
 from distlab.replay import ring_frames
 from grader import reference
 
@@ -156,11 +156,14 @@ def test_table_shows_measured_and_theoretical_bytes(ring4: Any) -> None:
     assert "<td>isend</td><td>6</td><td>60 B</td><td>60 B</td><td>0 B</td>" in rank0
 
 
-def test_the_table_speaks_the_learners_language(ring4: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_table_and_the_stepper_speak_the_learners_language(ring4: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISTLAB_LANG", "zh")
     html = viz.trace_table_html(ring4.trace)
     assert "<th>调用次数</th>" in html and "<th>理论总线字节数</th>" in html and "calls" not in html
     assert "没有 torch.distributed 调用" in viz.trace_table_html([[]])
+    frames = ring_frames(ring4)
+    assert "第 1 步，共 6 步：reduce-scatter 1" in replay.render_frame(frames, 1)  # the traced label stays
+    assert viz.ring_stepper(ring4).children[0].children[1].tooltip == "上一步"
 
 
 def test_show_buffers_outside_a_kernel_returns_a_grid() -> None:

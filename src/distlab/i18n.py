@@ -239,6 +239,15 @@ ZH: dict[str, str] = {
     "time (ms)": "时间 (ms)",
     "busbw (GB/s)": "总线带宽 busbw (GB/s)",
     "no torch.distributed calls": "没有 torch.distributed 调用",
+    # the ring stepper (replay.ring_stepper)
+    "start": "开始",
+    "step {k}": "第 {k} 步",
+    "step {k} of {last}: {label}": "第 {k} 步，共 {last} 步：{label}",
+    "step": "步",
+    "previous step": "上一步",
+    "next step": "下一步",
+    "no buffer snapshots traced": "没有记录缓冲区快照",
+    "no messages in this step": "这一步没有消息",
     # the grader's feedback
     "passed ({cases} cases, checked by the grader)": "通过（{cases} 个用例，由评分程序检查）",
     "the grader has no check for this cell": "评分程序没有检查这个单元格的用例",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distlab.i18n import tr
 from distlab.records import CallRecord, messages
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings"
@@ -87,16 +88,16 @@ def ring_frames(source: Any) -> list[Frame]:
                 lo = snaps[rank][k - 1] + 1 if k else 0
                 msgs += _sends(t[lo: snaps[rank][k]], rank)
                 bufs.append(_flat(t[snaps[rank][k]]["values"]))
-            frame = Frame(str(traces[0][snaps[0][k]].get("label") or f"step {k}"), bufs, msgs)
+            frame = Frame(str(traces[0][snaps[0][k]].get("label") or tr("step {k}", k=k)), bufs, msgs)
             marks = [traces[rank][snaps[rank][k]] for rank in range(n)]
             frame.sent = [_elements(m.get("sent_range")) for m in marks]
             frame.received = [_elements(m.get("recv_range")) for m in marks]
             frames.append(frame)
     else:
         per_rank = [_sends(t, rank) for rank, t in enumerate(traces)]
-        frames = [Frame("start", [None] * n)]
+        frames = [Frame(tr("start"), [None] * n)]
         for k in range(max((len(s) for s in per_rank), default=0)):
-            frames.append(Frame(f"step {k + 1}", [None] * n,
+            frames.append(Frame(tr("step {k}", k=k + 1), [None] * n,
                                 [s[k] for s in per_rank if k < len(s)]))
     prev: list[list[Any] | None] = [None] * n
     for f in frames:
@@ -163,10 +164,10 @@ def render_frame(frames: Sequence[Frame], k: int) -> str:
             if isinstance(v, (int, float))]
     vrange = (min(nums), max(nums)) if nums else None
     grid = (BufferGrid(f.buffers, marks=marks, vrange=vrange)._repr_html_()
-            if any(b is not None for b in f.buffers) else "<i>no buffer snapshots traced</i>")
-    msgs = "<br>".join(lines) or "<i>no messages in this step</i>"
-    return (f'<div class="distlab-ring-step"><b>step {k} of {len(frames) - 1}: '
-            f"{html.escape(f.label)}</b>"
+            if any(b is not None for b in f.buffers) else f"<i>{tr('no buffer snapshots traced')}</i>")
+    msgs = "<br>".join(lines) or f"<i>{tr('no messages in this step')}</i>"
+    title = tr("step {k} of {last}: {label}", k=k, last=len(frames) - 1, label=f.label)
+    return (f'<div class="distlab-ring-step"><b>{html.escape(title)}</b>'
             f'<div style="display:flex;gap:1em;align-items:center">{_ring_svg(n, f.messages)}'
             f'<div style="font-family:monospace;font-size:12px">{msgs}</div></div>{grid}</div>')
 
@@ -197,11 +198,11 @@ def ring_stepper(source: Any = None, frames: Sequence[Frame] | None = None,
         raise ValueError("the trace holds no ring steps")
     last = len(frames) - 1
     play = w.Play(value=0, min=0, max=last, step=1, interval=interval_ms, description="Play")
-    slider = w.IntSlider(value=0, min=0, max=last, description="step")
+    slider = w.IntSlider(value=0, min=0, max=last, description=tr("step"))
     w.jslink((play, "value"), (slider, "value"))
-    back = w.Button(description="", icon="step-backward", tooltip="previous step",
+    back = w.Button(description="", icon="step-backward", tooltip=tr("previous step"),
                     layout=w.Layout(width="3em"))
-    fwd = w.Button(description="", icon="step-forward", tooltip="next step",
+    fwd = w.Button(description="", icon="step-forward", tooltip=tr("next step"),
                    layout=w.Layout(width="3em"))
     view = w.HTML(value=render_frame(frames, 0))
 
