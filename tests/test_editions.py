@@ -250,7 +250,7 @@ def test_the_language_is_chosen_by_environment_or_by_the_edition_folder(
     monkeypatch.chdir(ZH)
     assert i18n.language() == "zh"
     i18n.passed([1, 2])
-    assert capsys.readouterr().out == "自测通过: [1, 2]\n"
+    assert capsys.readouterr().out == "自测通过：[1, 2]\n"
     monkeypatch.setenv("DISTLAB_LANG", "en")
     assert i18n.language() == "en"
     i18n.passed()

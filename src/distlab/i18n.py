@@ -43,7 +43,8 @@ def passed(*values: object, note: str = "") -> None:
     """Print a notebook self-check's success line in the learner's language."""
     head = tr("self-check passed")
     tail = " ".join(str(v) for v in ([tr(note)] if note else []) + list(values))
-    print(f"{head}: {tail}" if tail else head)
+    colon = "：" if language() == "zh" else ": "  # Chinese text takes the full-width colon
+    print(f"{head}{colon}{tail}" if tail else head)
 
 
 ZH: dict[str, str] = {
