@@ -174,6 +174,10 @@ def test_an_interrupt_says_whether_the_ranks_had_their_grace() -> None:
     twice = Outcome("interrupted", 2, {}, [], stuck, pressed_twice=True).error()
     assert str(once) == f"interrupted; ranks 0-1 did not stop within {INTERRUPT_GRACE:.0f} s and were killed"
     assert str(twice) == "interrupted twice; ranks 0-1 were killed at once"
+    one = Outcome("interrupted", 3, {}, [], {2: ""}).error()  # one rank: "was", not "were"
+    assert str(one) == f"interrupted; rank 2 did not stop within {INTERRUPT_GRACE:.0f} s and was killed"
+    assert str(Outcome("interrupted", 3, {}, [], {2: ""}, pressed_twice=True).error()) == \
+        "interrupted twice; rank 2 was killed at once"
 
 
 THREADS = """import os

@@ -87,6 +87,8 @@ ZH: dict[str, str] = {
         "{bad} 失败了，{stuck} 因等待它们而卡住（{grace} 秒后被停止）",
     "interrupted; {ranks} did not stop within {grace} s and were killed":
         "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
+    "interrupted; {ranks} did not stop within {grace} s and was killed":
+        "已中断；{ranks} 在 {grace} 秒内没有停下，已被强制结束",
     "interrupted: every rank stopped": "已中断：每个 rank 都已停止",
     "the rank kept more than {mb} MB of files in its temporary folder (or over {entries} files), more than a "
     "grading rank may, and was stopped":
@@ -95,6 +97,7 @@ ZH: dict[str, str] = {
     "ranks start with a new one":
         "这个 rank 随它的启动器（负责 fork 出各个 rank 的进程）一起结束了，启动器被杀死或崩溃；新的 rank 会由新的启动器启动",
     "interrupted twice; {ranks} were killed at once": "中断了两次；{ranks} 已被立即强制结束",
+    "interrupted twice; {ranks} was killed at once": "中断了两次；{ranks} 已被立即强制结束",
     "interrupted while the ranks were starting: nothing ran, and nothing is left queued or running. The next "
     "cell starts them again.":
         "在 rank 启动期间被中断：什么都没有运行，也没有留下排队或运行中的任务。下一个单元格会重新启动它们。",

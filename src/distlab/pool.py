@@ -722,9 +722,14 @@ class Outcome:
                 return CellInterrupted(tr("interrupted: every rank stopped"),
                                        "\n".join(filter(None, [failed, self.note])))
             report = format_stacks(self.stacks, self.cell_lines)
-            said = (tr("interrupted twice; {ranks} were killed at once", ranks=rank_label(stuck)) if self.pressed_twice
-                    else tr("interrupted; {ranks} did not stop within {grace} s and were killed",
-                            ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}"))
+            one = len(stuck) == 1
+            if self.pressed_twice:
+                template = ("interrupted twice; {ranks} was killed at once" if one
+                            else "interrupted twice; {ranks} were killed at once")
+            else:
+                template = ("interrupted; {ranks} did not stop within {grace} s and was killed" if one
+                            else "interrupted; {ranks} did not stop within {grace} s and were killed")
+            said = tr(template, ranks=rank_label(stuck), grace=f"{INTERRUPT_GRACE:.0f}")
             return CellInterrupted(
                 said,
                 "\n".join(filter(None, [failed, report, self.note])))
