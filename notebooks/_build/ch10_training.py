@@ -290,7 +290,7 @@ CELLS = [
             layer.register_full_backward_hook(lambda m, gi, go, i=i: finished(m, gi, go, i))
         ddp_deep = DDP(deep, bucket_cap_mb=2)
         ddp_deep.register_comm_hook(None, allreduce_hook)  # DDP's default, from Python: traceable
-        batch = torch.randn(256, 512, device=device)
+        batch = torch.randn(256, 512, device=device, requires_grad=True)  # so the first layer's hook fires too
         ddp_deep(batch).sum().backward()  # step 1: DDP rebuilds its buckets afterwards
         spans.clear()
         """
