@@ -117,6 +117,7 @@ def test_kernel_is_this_interpreter() -> None:
 
 # `%%dist -n 4` / `%dist_start -n 4` at the start of a code cell: what a learner edits to try
 # another rank count. Cells that ask for a particular count (`-n 2` in notebook 02) keep it.
+SHOWN_WARNING = re.compile(r"(\.py|<dist cell \d+>):\d+: \w*Warning: ")
 RANK_OPTION = re.compile(r"^(%%?dist(?:_start)?\b[^\n]*?)-n 4\b", re.MULTILINE)
 
 
@@ -147,6 +148,9 @@ def _run_clean(stem: str, world_size: int, monkeypatch: pytest.MonkeyPatch,
         where = f"{stem} on {world_size} ranks, cell {cell.get('id')}:\n{cell.source[:200]}"
         stderr = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
         assert not stderr, f"stderr output in {where}\n{''.join(stderr)}"
+        # a warning Python shows on a rank (file:line: SomeWarning) is noise a learner should not see
+        shown = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+        assert not SHOWN_WARNING.search(shown), f"a warning in {where}\n{shown}"
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if RAISES in cell.metadata.get("tags", []):
             assert errors, f"expected this cell to fail on the ranks: {where}"
