@@ -245,7 +245,7 @@ def _fields(literal: str) -> list[str]:
     return sorted(re.sub(r"'[^']*'|\"[^\"]*\"", "''", found) for found in _FIELD.findall(literal))
 
 
-def _reads_as_text(literal: str) -> bool:
+def reads_as_text(literal: str) -> bool:
     """Two English words or more outside its {fields}: a caption, a message, a label."""
     return re.search(r"[A-Za-z']{2,} +[A-Za-z]{2,}", _FIELD.sub("", literal)) is not None
 
@@ -260,7 +260,7 @@ def translate_literals(source: str, catalogue: Catalogue) -> tuple[str, set[str]
     for literal in reversed(_literals(source)):
         translated = catalogue.get(literal.text)
         if translated is None:
-            if _reads_as_text(literal.text):
+            if reads_as_text(literal.text):
                 missing.append(literal.text)
             continue
         used.add(key(literal.text))

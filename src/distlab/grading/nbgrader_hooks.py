@@ -144,16 +144,16 @@ class RestoreDeletedTests(OverwriteCells):
         if (getattr(self, "_edition", "en") != "en" and cell.cell_type == "markdown"
                 and info.get("locked") and not info.get("grade")):
             return cell, resources
-        english = self._english_of(cell) if cell.cell_type == "code" and info.get("locked") else None
-        if english is None:
-            untouched = info.get("solution") and self._english_of(cell) is not None
+        as_released = info.get("locked") or info.get("solution")
+        english = self._english_of(cell) if cell.cell_type == "code" and as_released else None
+        if english is not None and info.get("locked"):
+            cell.source = english  # nbgrader checks (and keeps) the instructor's text, hidden tests included
             cell, resources = super().preprocess_cell(cell, resources, index)
-            if untouched:  # the answer cell as released, in translation: nbgrader's "No response."
-                cell.metadata.nbgrader["checksum"] = compute_checksum(cell)
+            cell.source = translate_code(english, self._catalogue)[0]  # type: ignore[arg-type]
             return cell, resources
-        cell.source = english  # nbgrader checks (and keeps) the instructor's text, hidden tests included
         cell, resources = super().preprocess_cell(cell, resources, index)
-        cell.source = translate_code(english, self._catalogue)[0]  # type: ignore[arg-type]
+        if english is not None:  # an answer cell as released, in translation: nbgrader's "No response."
+            cell.metadata.nbgrader["checksum"] = compute_checksum(cell)
         return cell, resources
 
     def _english_of(self, cell: Any) -> str | None:
