@@ -100,9 +100,11 @@ class KernelSession:
         return self.manager.provisioner.pid  # type: ignore[union-attr]
 
     def execute(self, code: str, timeout: float = 120.0,
-                interrupt_on: tuple[str, int] | None = None) -> Reply:
+                interrupt_on: tuple[str, int] | None = None,
+                after_interrupt: Callable[[], None] | None = None) -> Reply:
         """Run ``code``; with ``interrupt_on=(text, count)``, press the stop button (SIGINT) as soon
-        as the cell's output holds ``text`` ``count`` times (every rank said it got there)."""
+        as the cell's output holds ``text`` ``count`` times (every rank said it got there), then
+        call ``after_interrupt``."""
         reply = Reply()
         started = time.monotonic()
         msg_id = self.client.execute(code)
@@ -112,6 +114,8 @@ class KernelSession:
             if interrupt_on is not None and not interrupted and reply.stdout.count(interrupt_on[0]) >= interrupt_on[1]:
                 self.manager.interrupt_kernel()
                 interrupted = True
+                if after_interrupt is not None:
+                    after_interrupt()
             remaining = timeout - (time.monotonic() - started)
             if remaining <= 0:
                 raise TimeoutError(f"kernel did not finish within {timeout} s: {code[:80]!r}")

@@ -27,6 +27,20 @@ def wait_gone(pids: Iterable[int], within: float = 5.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def signal_pending(pid: int, signum: int, within: float = 30.0) -> bool:
+    """Whether ``signum`` is waiting to be delivered to ``pid`` (a stopped process keeps it
+    pending), polled until it is or ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
+    while True:
+        with open(f"/proc/{pid}/status") as status:
+            masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+        if any(mask & (1 << (signum - 1)) for mask in masks):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])

@@ -180,6 +180,22 @@ def test_an_interrupt_says_whether_the_ranks_had_their_grace() -> None:
         "interrupted twice; rank 2 was killed at once"
 
 
+def test_the_stop_button_waits_while_a_task_goes_out_and_is_handed_on() -> None:
+    """A press while a task's bytes are written must not cut the write (half a message in a
+    rank's channel): it is noted, handed on, and the stop button works as before afterwards."""
+    import signal
+
+    from distlab.pool import stop_button_held
+
+    with stop_button_held() as pressed:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        written = True
+    assert written and pressed == [True, True]
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 THREADS = """import os
 from distlab.worker import threads_per_rank
 for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):

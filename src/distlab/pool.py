@@ -8,14 +8,16 @@ killed (by pid, through the launcher that forked them) and a fresh generation is
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pickle
 import secrets
 import signal
 import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -51,6 +53,24 @@ def placement(nodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
         neighbours = sorted(r for r, other in nodes.items() if other == node)
         places[rank] = (hosts.index(node), neighbours.index(rank), len(neighbours))
     return places
+
+
+@contextlib.contextmanager
+def stop_button_held() -> Iterator[list[bool]]:
+    """While a task's bytes go out, a press of the stop button waits: a KeyboardInterrupt raised
+    between two writes would leave half a message in a rank's channel, and ranks running a task
+    the kernel no longer waits for. The yielded list says whether it was pressed (and how often);
+    the caller hands the press on. (Only the main thread can hold it: elsewhere nothing changes.)"""
+    pressed: list[bool] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield pressed
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(True))
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -380,13 +400,16 @@ class Pool:
         if begin:
             begin()
         waiter = _Waiter(self, task_id, targets)
-        for rank in targets:
-            try:
-                self.handles[rank].conn.send_bytes(message)
-                self.handles[rank].busy = True
-            except OSError:
-                waiter.lost[rank] = None
-                waiter.pending.discard(rank)
+        with stop_button_held() as pressed:
+            for rank in targets:
+                try:
+                    self.handles[rank].conn.send_bytes(message)
+                    self.handles[rank].busy = True
+                except OSError:
+                    waiter.lost[rank] = None
+                    waiter.pending.discard(rank)
+        for _ in pressed:
+            waiter.press_stop()
         try:
             waiter.wait(timeout)
         finally:
@@ -441,6 +464,21 @@ class Pool:
         """A message the kernel would not unpickle: the rank goes on; the cell says what was dropped."""
         self.sink.output(rank, "stderr", tr("distlab: the kernel refused a message from rank {rank} ({why})",
                                             rank=rank, why=why) + "\n")
+
+    def interrupt(self, task: int, ranks: Sequence[int]) -> None:
+        """The stop button, for the ranks still running ``task``: a Cancel naming the task first,
+        then the signal. A rank the signal reaches before it has begun the task reads the Cancel
+        when it does, and stops there (see protocol.Cancel)."""
+        message = protocol.encode(protocol.Cancel(task))
+        for rank in ranks:
+            handle = self.handles.get(rank)
+            if handle is None or handle.conn.closed:
+                continue
+            try:
+                handle.conn.send_bytes(message)
+            except OSError:  # gone: the wait notices
+                pass
+        self.signal_ranks(ranks, signal.SIGINT)
 
     def signal_ranks(self, ranks: Sequence[int], signum: int) -> None:
         """Signal our own ranks directly, without a hop through the launcher (which may be busy).
@@ -609,19 +647,23 @@ class _Waiter:
             if now >= end:
                 self.reason = "deadline" if end == deadline else "grace"
                 return
+            if self.pressed_twice:
+                return  # a second interrupt: stop waiting at once
             try:
                 self._pump(min(end - now, 0.25))
             except KeyboardInterrupt:
-                if self.interrupted_at is not None:
-                    self.pressed_twice = True
-                    return  # a second interrupt: stop waiting at once
-                self.interrupted_at = time.monotonic()
-                self._signal_pending(signal.SIGINT)
+                self.press_stop()
             if self.first_bad is None and (self.lost or any(d.failure for d in self.dones.values())):
                 self.first_bad = time.monotonic()
 
-    def _signal_pending(self, signum: int) -> None:
-        self.pool.signal_ranks(sorted(self.pending), signum)
+    def press_stop(self) -> None:
+        """The first press stops the ranks still running (they get INTERRUPT_GRACE); the second
+        ends the wait at once."""
+        if self.interrupted_at is not None:
+            self.pressed_twice = True
+            return
+        self.interrupted_at = time.monotonic()
+        self.pool.interrupt(self.task_id, sorted(self.pending))
 
     def _pump(self, timeout: float) -> None:
         pool = self.pool

@@ -273,17 +273,29 @@ class Stop:
     kind: Literal["stop"] = "stop"
 
 
+@dataclass(frozen=True)
+class Cancel:
+    """The stop button was pressed during ``task``: sent just before the SIGINT (or the control
+    connection's "interrupt"), so a rank the signal reached before the task did (it was still on
+    its way, or the rank was not yet in the cell's code) can tell that the signal was for this
+    task, and stop at once instead of running the cell until its grace runs out. A Cancel for a
+    task the rank has finished is stale, and skipped."""
+
+    task: int
+    kind: Literal["cancel"] = "cancel"
+
+
 Message = Union[
     SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello, RankReady,
-    Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, ControlHello, Rendezvous, Control,
-    Stack,
+    Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, Cancel, ControlHello, Rendezvous,
+    Control, Stack,
 ]
 Task = Union[RunCell, RunFunction, Pull, Push, Regroup]
 
 _ALLOWED = {cls.__name__: cls for cls in (
     RankFailure, KernelContext, FailureKind, SpawnRanks, KillGeneration, Shutdown, LauncherHello, RankExited, RankHello,
-    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, ControlHello, Rendezvous,
-    Control, Stack,
+    RankReady, Output, Display, Done, RunCell, RunFunction, Pull, Push, Regroup, Stop, Cancel, ControlHello,
+    Rendezvous, Control, Stack,
 )}
 
 

@@ -115,6 +115,9 @@ class Rank:
         self._stack_file = open(self._stack_path(), "a")  # noqa: SIM115 - lives as long as the rank
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
         self.in_user_code = False
+        self._looking_for_cancel = False  # see _begin_user_code
+        self._signal_while_looking = False
+        self._held: list[protocol.Message] = []  # read while looking for a Cancel, for serve()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task, self._rendezvous_calls = 0, 0  # which env:// rendezvous of which task (see _serve_env_rendezvous)
         self._given: dict[str, Any] = {}  # the names every rank starts with (set when it joins)
@@ -163,6 +166,31 @@ class Rank:
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         if self.in_user_code:
+            if self._looking_for_cancel:  # raising now could cut a message in half: say so instead
+                self._signal_while_looking = True
+                return
+            raise KeyboardInterrupt
+
+    def _begin_user_code(self, task: int) -> None:
+        """From here the stop button's SIGINT raises KeyboardInterrupt in the cell. A signal that
+        came earlier (the task was still on its way, or the rank was setting it up) was ignored,
+        since it may have been meant for the task before: the kernel's Cancel, sent before the
+        signal, says which task it was for. Without this look the rank would run the cell until
+        the kernel's grace ran out and killed it, losing the rank's variables."""
+        self._signal_while_looking = False
+        self._looking_for_cancel = True
+        self.in_user_code = True
+        try:
+            cancelled = False
+            while self.conn.poll(0):
+                message = protocol.recv(self.conn)
+                if isinstance(message, protocol.Cancel):
+                    cancelled |= message.task == task
+                else:
+                    self._held.append(message)
+        finally:
+            self._looking_for_cancel = False
+        if cancelled or self._signal_while_looking:
             raise KeyboardInterrupt
 
     def _start_control(self) -> None:
@@ -278,11 +306,13 @@ class Rank:
         self.send(RankReady(self.spec.rank, self.spec.backend, str(self.device)))
         while True:
             try:
-                message = protocol.recv(self.conn)
+                message = self._held.pop(0) if self._held else protocol.recv(self.conn)
             except (EOFError, OSError):
                 return
             if isinstance(message, Stop):
                 return
+            if isinstance(message, protocol.Cancel):  # for a task that ended before its signal came
+                continue
             self.send(self.run_task(message))  # type: ignore[arg-type]
 
     def run_task(self, task: protocol.Task) -> Done:
@@ -345,12 +375,12 @@ class Rank:
             self._follow(task.context)
         if isinstance(task, RunCell):
             self._restore_deleted_names()
-            self._run_cell(task.source, task.filename)
+            self._run_cell(task.source, task.filename, task.task)
             return None
         if isinstance(task, RunFunction):
             fn, args, kwargs, files, sources = cloudpickle.loads(task.payload)
             codeship.restore(fn, files, sources)
-            self.in_user_code = True
+            self._begin_user_code(task.task)
             result = fn(*args, **kwargs)
             self.in_user_code = False
             return self._result(result, tr("the function's result"))
@@ -379,7 +409,7 @@ class Rank:
         except Exception as exc:  # noqa: BLE001 - a lock, a generator, an open file: the same news
             raise TransferFailed.to_kernel(what, exc) from None
 
-    def _run_cell(self, source: str, filename: str) -> None:
+    def _run_cell(self, source: str, filename: str, task: int) -> None:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         tree = ast.parse(source, filename)
         last = None
@@ -387,7 +417,7 @@ class Rank:
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
         body = compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         self._event_loop()
-        self.in_user_code = True
+        self._begin_user_code(task)
         self._finish(eval(body, self.namespace))  # eval, not exec: a cell with top-level await gives a coroutine
         if last is not None:
             value = self._finish(eval(compile(last, filename, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT),
