@@ -543,6 +543,7 @@ def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\nname = input('your name? ')")
     assert reply.error is not None and reply.stderr == ""
     assert "no keyboard" in reply.traceback and "%dist_push" in reply.traceback
+    assert "distlab/" not in reply.traceback, reply.traceback  # the cell's line is the last frame shown
     reply = kernel.execute("%%dist\ntry:\n    x = input()\nexcept EOFError:\n    x = 'default'\nprint(x)")
     assert reply.error is None, reply.traceback  # code that expects EOF still gets an EOFError
     assert all(f"[rank {r}] default" in reply.stdout for r in range(4))

@@ -475,7 +475,10 @@ class Rank:
                                 **bind)
 
 
-_WORKER_FILES = {__file__, scripts.__file__, os.path.join(os.path.dirname(__file__), "trace.py")}
+# distlab's own frames, left out of a rank's traceback: the loop that runs the cell, and the stand-ins
+# a cell calls without knowing (sys.stdin, display): the learner's line is the last frame they see
+_WORKER_FILES = {__file__, scripts.__file__, rank_io.__file__, rank_display.__file__,
+                 os.path.join(os.path.dirname(__file__), "trace.py")}
 
 
 def _end_forked_child(failure: RankFailure | None, code: object = None) -> NoReturn:
