@@ -6,7 +6,10 @@ it translates. When the English changes, its hash changes, the old translation n
 matches, and the build refuses the edition as stale instead of shipping outdated Chinese next
 to corrected English. Both editions run the same code: in a code cell only the comments are
 translated, and the string literals a catalogue lists (the captions a cell prints or draws, so a
-Chinese reader's output is Chinese too); a literal keeps its prefix and its ``{fields}``. An
+Chinese reader's output is Chinese too); a literal keeps its prefix and its ``{fields}``, except
+that a field holding only a quoted word (a table's header, ``{'size':>9}``) may change its word
+and its width, as long as it fills as many columns as the English one (a Chinese character takes
+two), so the table below it stays aligned. An
 entry whose body is the English literal keeps it: text that code matches (an OS error message), and
 text matplotlib draws, since a learner's fonts may have no Chinese glyphs (boxes and a warning on
 stderr instead).
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.i18n import LANGUAGES
+from distlab.svg import columns
 
 _MARKER = re.compile(r"^<!-- en:([0-9a-f]{10}) -->[ \t]*$", re.MULTILINE)
 # Links the translated notebook (one folder down, notebooks/zh/) must reach one folder up. A
@@ -237,12 +241,39 @@ def literal_problem(english: str, translated: str) -> str:
         return f"prefix {_prefix(translated.strip())!r} differs from the English {_prefix(english)!r}"
     if _fields(translated) != _fields(english):
         return "its {fields} differ from the English literal's"
+    for english_field, translated_field in zip(_quoted_fields(english), _quoted_fields(translated), strict=True):
+        if english_field[1] and columns(translated_field[0]) != columns(english_field[0]):
+            return (f"the field {english_field[2]} fills {columns(english_field[0])} columns, its translation "
+                    f"{translated_field[2]} fills {columns(translated_field[0])}: the table below it would lose "
+                    "its alignment (a Chinese character takes two columns; give the field a smaller width)")
     return ""
 
 
+_QUOTED_FIELD = re.compile(r"""^\{\s*(?:'([^']*)'|"([^"]*)")\s*(?::([^{}!]*))?\}$""")
+
+
+def _quoted_fields(literal: str) -> list[tuple[str, str, str]]:
+    """The fields that hold only a quoted word: (the word as the field shows it, its format
+    spec, the field as written)."""
+    found = []
+    for written in _FIELD.findall(literal):
+        match = _QUOTED_FIELD.match(written)
+        if match:
+            word = match.group(1) if match.group(1) is not None else match.group(2)
+            spec = match.group(3) or ""
+            try:
+                shown = format(word, spec)
+            except ValueError:
+                shown = word
+            found.append((shown, spec, written))
+    return found
+
+
 def _fields(literal: str) -> list[str]:
-    """A literal's {fields}, the words quoted inside them set aside (those may be translated)."""
-    return sorted(re.sub(r"'[^']*'|\"[^\"]*\"", "''", found) for found in _FIELD.findall(literal))
+    """A literal's {fields}, the words quoted inside them set aside (those may be translated),
+    and the width of a field that holds only a quoted word (see _quoted_fields)."""
+    return sorted("{''}" if _QUOTED_FIELD.match(found) else re.sub(r"'[^']*'|\"[^\"]*\"", "''", found)
+                  for found in _FIELD.findall(literal))
 
 
 def reads_as_text(literal: str) -> bool:

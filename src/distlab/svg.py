@@ -21,9 +21,14 @@ TITLE_H, FONT, CHAR_W = 22, 12, 7.3  # CHAR_W: width of one monospace character 
 SENT, RECEIVED = "#4e79a7", "#f28e2b"  # the stepper's colours
 
 
+def columns(text: str) -> int:
+    """How many monospace columns ``text`` takes: a Chinese character takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def text_width(text: str) -> float:
-    """Pixels ``text`` takes at FONT: a Chinese character is about two monospace columns."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text) * CHAR_W
+    """Pixels ``text`` takes at FONT."""
+    return columns(text) * CHAR_W
 
 
 def _text(x: float, y: float, text: str, anchor: str = "start", weight: str = "normal",
