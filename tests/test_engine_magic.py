@@ -549,6 +549,21 @@ def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
     assert all(f"[rank {r}] default" in reply.stdout for r in range(4))
 
 
+def test_a_script_whose_argparse_finds_no_arguments_says_how_to_give_them(kernel: KernelSession) -> None:
+    """A training script pasted into a cell parses its command line, which a rank does not have:
+    the failure says so and how to pass the arguments; the way it names works."""
+    parser = ("import argparse, sys\np = argparse.ArgumentParser()\n"
+              "p.add_argument('--lr', type=float, required=True)\n")
+    reply = kernel.execute(f"%%dist\n{parser}args = p.parse_args()")
+    assert reply.error is not None and reply.stderr == ""
+    assert "SystemExit: 2" in reply.traceback and "parse_args([" in reply.traceback, reply.traceback
+    assert "the following arguments are required: --lr" in reply.stdout
+    reply = kernel.execute(f"%%dist\n{parser}sys.argv, kept = ['train.py', '--lr', '0.1'], sys.argv\n"
+                           "print(p.parse_args().lr)\nsys.argv = kept")
+    assert reply.error is None, reply.traceback
+    assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] 0.1" for r in range(4)]
+
+
 def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: KernelSession, tmp_path) -> None:
     """``%cd``, ``%env`` and a module written beside the notebook hold in a ``%%dist`` cell as in
     any cell; what a rank's own cell set stays until the kernel changes the same thing."""

@@ -204,6 +204,12 @@ ZH: dict[str, str] = {
     "SyncBatchNorm adds.)":
         "（SyncBatchNorm 只能在 GPU 上运行。在只有 CPU 的 rank 上请继续用 BatchNorm，它对每个 rank "
         "自己的批次做归一化；或者自己用 all_reduce 汇总批次的和与平方和：SyncBatchNorm 多做的也就是这一步。）",
+    "(argparse read the command line, and a rank has none: launcher.py in the usage line is "
+    "distlab's. Give the arguments in the cell, p.parse_args([\"--lr\", \"0.1\"]), or set "
+    "sys.argv = [\"train.py\", \"--lr\", \"0.1\"] before parsing.)":
+        "（argparse 读的是命令行，而 rank 没有命令行：用法行里的 launcher.py 是 distlab 自己的。"
+        "请在单元格里给出参数，例如 p.parse_args([\"--lr\", \"0.1\"])，或者在解析之前设置 "
+        "sys.argv = [\"train.py\", \"--lr\", \"0.1\"]。）",
     "(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
     "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
     "at them there.)":

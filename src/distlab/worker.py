@@ -525,6 +525,11 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
                    "SyncBatchNorm adds.)") + "\n"
     if "Too many open files" in _safe_str(exc):
         text += _open_files_hint()
+    if isinstance(exc, SystemExit) and exc.code == 2 and any(
+            frame.filename.endswith("argparse.py") and frame.name == "error" for frame in traceback.extract_tb(tb)):
+        text += tr("(argparse read the command line, and a rank has none: launcher.py in the usage line is "
+                   "distlab's. Give the arguments in the cell, p.parse_args([\"--lr\", \"0.1\"]), or set "
+                   "sys.argv = [\"train.py\", \"--lr\", \"0.1\"] before parsing.)") + "\n"
     if isinstance(exc, bdb.BdbQuit):  # pdb read EOF from NoKeyboard and quit: say why, not bdb's frames alone
         text += tr("(A debugger cannot stop a rank: nobody can type to it, so breakpoint() and pdb quit at once. "
                    "Print the values you want to see, or copy them to the kernel with %dist_pull NAME and look "
