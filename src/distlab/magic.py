@@ -48,22 +48,45 @@ class NotebookSink(PrintSink):
         super().__init__()
         self._bars: dict[tuple[int, str], tuple[str, float, str]] = {}  # (rank, stream) -> id, when, text
         self._ids = itertools.count()
+        self._blank_labels: set[str] = set()  # labels of outputs a rank cleared
         self._run = secrets.token_hex(4)  # display ids stay unique across kernels and restarts
 
     def begin(self) -> None:
         super().begin()
         self._bars.clear()
+        self._blank_labels.clear()
 
     def display(self, rank: int, data: dict[str, object], metadata: dict[str, object],
                 display_id: str | None = None, update: bool = False) -> None:
         """A rank's display ids live in their own namespace per rank, so rank 0's "loss" and rank
         1's "loss" are two outputs, each updated in place (Jupyter updates every output with an id,
         in any cell)."""
-        transient = {"display_id": f"distlab-{self._run}-{rank}-{display_id}"} if display_id else None
+        if not display_id:
+            if not update:
+                sys.stdout.write(f"{self._prefix(rank)}display:\n")
+                sys.stdout.flush()
+            publish_display_data(data, metadata)
+            return
+        shown_id = f"distlab-{self._run}-{rank}-{display_id}"
+        self._label(rank, shown_id, update, blank=update and not any(data.values()))
+        publish_display_data(data, metadata, transient={"display_id": shown_id}, update=update)
+
+    def _label(self, rank: int, shown_id: str, update: bool, blank: bool) -> None:
+        """The "[rank N] display:" line above an output is an output with an id of its own, so that
+        ``clear_output`` on the rank (which blanks the output) blanks its label too, and an output
+        shown again in the cleared place gets it back."""
+        label_id = f"{shown_id}-label"
         if not update:
-            sys.stdout.write(f"{self._prefix(rank)}display:\n")
-            sys.stdout.flush()
-        publish_display_data(data, metadata, transient=transient, update=update)
+            sys.stdout.flush()  # the output goes below the lines printed before it
+            self._blank_labels.discard(label_id)
+        elif blank == (label_id in self._blank_labels):
+            return
+        elif blank:
+            self._blank_labels.add(label_id)
+        else:
+            self._blank_labels.discard(label_id)
+        text = "" if blank else f"{self._prefix(rank)}display:"
+        publish_display_data({"text/plain": text}, transient={"display_id": label_id}, update=update)
 
     def progress(self, rank: int, stream: str, text: str, final: bool) -> None:
         key = (rank, stream)

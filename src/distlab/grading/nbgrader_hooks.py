@@ -167,8 +167,9 @@ class RestoreDeletedTests(OverwriteCells):
             english = str(self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id).source)
         except MissingEntry:
             return None
-        released = nbformat.from_dict({"cell_type": "code", "source": english, "metadata": {}})
-        ClearHiddenTests(config=self.config)._remove_hidden_test_region(released)
+        released = nbformat.from_dict({"cell_type": "code", "source": english,
+                                       "metadata": {"nbgrader": {"grade": True, "grade_id": grade_id}}})
+        released, _ = ClearHiddenTests(config=self.config).preprocess_cell(released, {}, 0)
         if cell.source == released.source or cell.source != translate_code(released.source, catalogue)[0]:
             return None
         return english
