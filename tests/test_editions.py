@@ -237,7 +237,7 @@ def _tr_calls() -> list[tuple[str, str]]:
     found = []
     for path in (ROOT / "src" / "distlab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tr" and node.args:
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("tr", "figure_tr") and node.args:
                 first = node.args[0]
                 if isinstance(first, ast.Constant) and isinstance(first.value, str):
                     found.append((path.name, first.value))
@@ -262,6 +262,9 @@ def test_every_message_the_kit_shows_has_a_chinese_translation() -> None:
     notes = re.findall(r'passed\(note="([^"]+)"\)', "".join(
         c.source for p in NOTEBOOKS.glob("*.ipynb") for c in _read(p).cells if c.cell_type == "code"))
     assert notes and all(n in i18n.ZH for n in notes)
+    titles = re.findall(r'timeline_figure\([^)]*?title="([^"]+)"', "".join(  # the kit draws them in Chinese
+        c.source for p in NOTEBOOKS.glob("*.ipynb") for c in _read(p).cells if c.cell_type == "code"))
+    assert titles and all(t in i18n.ZH for t in titles), titles
 
 
 def test_the_language_is_chosen_by_environment_or_by_the_edition_folder(

@@ -204,3 +204,64 @@ def test_timeline_draws_each_ranks_own_work_beside_its_calls() -> None:
     assert ax.get_xlim()[1] >= 12.0  # the axis spans from the first layer to the last wait (ms)
     labels = {t.get_text() for t in ax.texts}
     assert {"layer 0", "layer 1", "layer 2"} <= labels
+
+
+def _font_with_chinese(path: Path, family: str) -> Path:
+    """A real TrueType font whose every Chinese character (and full-width sign) is a square: enough
+    for matplotlib to measure and draw Chinese text with it."""
+    from fontTools.fontBuilder import FontBuilder
+    from fontTools.pens.ttGlyphPen import TTGlyphPen
+
+    pen = TTGlyphPen(None)
+    for x, y in ((100, 0), (100, 800), (900, 800), (900, 0)):
+        (pen.lineTo if x != 100 or y else pen.moveTo)((x, y))
+    pen.closePath()
+    builder = FontBuilder(1000, isTTF=True)
+    builder.setupGlyphOrder([".notdef", "square"])
+    wide = [*range(0x3000, 0x3040), *range(0x4E00, 0xA000), *range(0xFF00, 0xFFF0)]
+    builder.setupCharacterMap({code: "square" for code in wide})
+    builder.setupGlyf({".notdef": TTGlyphPen(None).glyph(), "square": pen.glyph()})
+    builder.setupHorizontalMetrics({".notdef": (500, 0), "square": (1000, 100)})
+    builder.setupHorizontalHeader(ascent=880, descent=-120)
+    builder.setupNameTable({"familyName": family, "styleName": "Regular"})
+    builder.setupOS2()
+    builder.setupPost()
+    builder.save(str(path))
+    return path
+
+
+def test_figures_speak_chinese_where_a_font_can_draw_it_and_english_elsewhere(
+        ring4: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The Chinese edition's figures were English; Chinese drawn in matplotlib's own font comes
+    out as empty boxes, with a warning per character on stderr. Now they are Chinese where a font
+    can draw it, and English, with no warning, where none can."""
+    import warnings
+
+    from matplotlib import font_manager
+
+    from distlab import bench
+    from distlab.figure_text import cjk_font
+
+    monkeypatch.setenv("DISTLAB_LANG", "zh")
+    title = "one DDP step: each layer's backward (grey), bucket all_reduces"  # as notebook 10 passes it
+    rows = [{"op": "all_reduce", "world_size": 4, "size": size, "time_us": 50 + size / 1e3, "busbw": size / 1e5}
+            for size in (1024, 65536)]
+
+    def drawn() -> list[str]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a glyph missing from the font is a warning
+            figures = [viz.timeline_figure(ring4.trace, title=title), bench.plot_fit(rows)]
+            for fig in figures:
+                assert viz.png_bytes(fig).startswith(b"\x89PNG")
+        return [text.get_text() for fig in figures for ax in fig.axes
+                for text in (ax.title, ax.xaxis.label, ax.yaxis.label)]
+
+    english = ["one DDP step: each layer's backward (grey), bucket all_reduces", "time since first call (ms)",
+               "time per call (us)", "message size (bytes)"]
+    if cjk_font() is None:  # this machine's case: no font draws Chinese
+        assert set(english) <= set(drawn()), drawn()
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", list(font_manager.fontManager.ttflist))
+    font_manager.fontManager.addfont(str(_font_with_chinese(tmp_path / "square.ttf", "Noto Sans CJK SC")))
+    chinese = drawn()
+    assert "DDP 的一步：每层的反向传播（灰色），各个桶的 all_reduce" in chinese, chinese
+    assert {"距第一次调用的时间 (ms)", "每次调用的时间 (us)", "消息大小（字节）"} <= set(chinese), chinese

@@ -211,6 +211,7 @@ def plot_bandwidth(rows: Sequence[Row]) -> Figure:
     """busbw against message size, one line per (op, world size)."""
     from matplotlib.figure import Figure
 
+    from distlab.figure_text import figure_tr, fit_fonts
     from distlab.viz import enable_figure_display
 
     enable_figure_display()
@@ -220,11 +221,12 @@ def plot_bandwidth(rows: Sequence[Row]) -> Figure:
         series = [r for r in rows if (r["op"], r["world_size"]) == key]
         ax.plot([r["size"] for r in series], [r["busbw"] for r in series], "o-",
                 label=f"{key[0]} (n={key[1]})")
-    ax.set(xscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)",
-           title="bus bandwidth")
+    ax.set(xscale="log", xlabel=figure_tr("message size (bytes)"), ylabel="busbw (GB/s)",
+           title=figure_tr("bus bandwidth"))
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fit_fonts(fig)
     fig.tight_layout()
     return fig
 
@@ -233,6 +235,7 @@ def plot_fit(rows: Sequence[Row]) -> Figure:
     """Measured time per call and the fitted alpha + beta * size model over it (log-log)."""
     from matplotlib.figure import Figure
 
+    from distlab.figure_text import figure_tr, fit_fonts
     from distlab.viz import enable_figure_display
 
     enable_figure_display()
@@ -243,12 +246,13 @@ def plot_fit(rows: Sequence[Row]) -> Figure:
         sizes = [r["size"] for r in series]
         line = ax.plot(sizes, [r["time_us"] for r in series], "o", label=f"{key[0]} (n={key[1]})")
         ax.plot(sizes, model.predict(sizes) * 1e6, "-", color=line[0].get_color(),
-                label=f"model: {model}")
+                label=figure_tr("model: {model}", model=model))
     ax.set_xscale("log", base=2)
-    ax.set(yscale="log", xlabel="message size (bytes)", ylabel="time per call (us)",
-           title="alpha-beta model: t = alpha + beta * bytes")
+    ax.set(yscale="log", xlabel=figure_tr("message size (bytes)"), ylabel=figure_tr("time per call (us)"),
+           title=figure_tr("alpha-beta model: t = alpha + beta * bytes"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fit_fonts(fig)
     fig.tight_layout()
     return fig
 

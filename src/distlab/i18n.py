@@ -249,6 +249,17 @@ ZH: dict[str, str] = {
     "time (ms)": "时间 (ms)",
     "busbw (GB/s)": "总线带宽 busbw (GB/s)",
     "no torch.distributed calls": "没有 torch.distributed 调用",
+    # figure labels (distlab.figure_text: in Chinese where a font can draw it), and the titles
+    # the notebooks pass to timeline_figure in English, so that such a machine can fall back
+    "time since first call (ms)": "距第一次调用的时间 (ms)",
+    "torch.distributed calls per rank": "每个 rank 的 torch.distributed 调用",
+    "message size (bytes)": "消息大小（字节）",
+    "bus bandwidth": "总线带宽",
+    "time per call (us)": "每次调用的时间 (us)",
+    "alpha-beta model: t = alpha + beta * bytes": "alpha-beta 模型：t = alpha + beta * 字节数",
+    "model: {model}": "模型：{model}",
+    "one DDP step: each layer's backward (grey), bucket all_reduces":
+        "DDP 的一步：每层的反向传播（灰色），各个桶的 all_reduce",
     # the ring stepper (replay.ring_stepper)
     "start": "开始",
     "step {k}": "第 {k} 步",

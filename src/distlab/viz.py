@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from distlab.costmodel import canonical_op
+from distlab.figure_text import figure_tr, fit_fonts
 from distlab.i18n import tr
 from distlab.records import CallRecord, Trace, messages
 from distlab.render import BufferGrid, fmt_bytes
@@ -42,6 +43,7 @@ _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#
 def png_bytes(fig: Figure) -> bytes:
     """Render a figure to PNG with the Agg canvas (no pyplot, no backend needed)."""
     buf = io.BytesIO()
+    fit_fonts(fig)
     FigureCanvasAgg(fig).print_png(buf)
     return buf.getvalue()
 
@@ -181,11 +183,12 @@ def timeline_figure(traces: Trace, title: str | None = None,
             ax.axhspan(r - 0.5, r + 0.5, color="#eef3fb", zorder=-1)
     ax.set_yticks(range(n), rank_names(n, nodes))
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlabel("time since first call (ms)")
-    ax.set_title(title or "torch.distributed calls per rank")
+    ax.set_xlabel(figure_tr("time since first call (ms)"))
+    ax.set_title(figure_tr(title) if title else figure_tr("torch.distributed calls per rank"))
     handles = [ax.bar(0, 0, color=c, label=op) for op, c in colors.items()]
     if handles:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fit_fonts(fig)
     fig.tight_layout()
     return fig
 
