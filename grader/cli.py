@@ -26,7 +26,8 @@ import nbformat
 from tqdm import tqdm
 
 from distlab.edition import LANGUAGES
-from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments, student_id
+from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments
+from grader.inbox import BadArchive, Inbox, unpack
 from grader.release import normalise, translate
 
 
@@ -112,28 +113,34 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 # --- autograde ------------------------------------------------------------------------------------
 def cmd_autograde(args: argparse.Namespace) -> int:
-    folder = Path(args.submissions)
-    files = sorted(folder.rglob("*.ipynb")) if folder.is_dir() else [folder]
-    files = [f for f in files if ".ipynb_checkpoints" not in f.parts]
-    if not files:
+    given = folder = Path(args.submissions)
+    if folder.suffix.lower() == ".zip" and folder.is_file():  # a learning platform's download
+        try:
+            folder = unpack(given, Path(args.course) / "inbox" / given.stem)
+        except BadArchive as problem:
+            print(problem, file=sys.stderr)
+            return 2
+    inbox = Inbox(folder)
+    if not inbox.notebooks:
         print(f"no notebooks in {folder}", file=sys.stderr)
         return 2
-    course = Course(Path(args.course), args.part_timeout, Path(args.course) / "trusted", inbox=folder.resolve())
-    taken: set[str] = set()
+    # what no submission may read: the folder given (the zip's folder too: the class's work is in it)
+    course = Course(Path(args.course), args.part_timeout, Path(args.course) / "trusted", inbox=given.resolve())
+    taken: dict[str | None, set[str]] = {}  # assignment -> its students (one student may send several)
     jobs: list[Job] = []
     unreadable: dict[str, str] = {}  # student -> why their file is no notebook
-    for path in files:
+    for path in inbox.notebooks:
         try:
             notebook = _read_submission(path)
         except NotANotebook as why:
-            unreadable[student_id(path, taken)] = str(why)
+            unreadable[inbox.student_id(path, taken.setdefault(None, set()))] = str(why)
             continue
         name = _assignment_of(notebook, args.assignment)
         if name is None:
             print(f"skipped {path}: it has no answer cell of any known assignment (a notebook of something "
                   f"else, or its answer cell was deleted: grade it with -a ASSIGNMENT)", file=sys.stderr)
             continue
-        jobs.append(course.submit(student_id(path, taken), name, path))
+        jobs.append(course.submit(inbox.student_id(path, taken.setdefault(name, set())), name, path))
     started = time.monotonic()
     # the trusted checks start first; nbgrader sets up and then autogrades each submission as
     # soon as its result is there, one at a time (the gradebook has one writer)
@@ -333,8 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     def course_option(p: argparse.ArgumentParser) -> None:
         p.add_argument("--course", default=str(DEFAULT_ROOT), help="nbgrader course directory (created)")
 
-    auto = sub.add_parser("autograde", help="grade a folder of submitted notebooks (any file names)")
-    auto.add_argument("submissions", help="a folder of .ipynb files (one per student) or one file")
+    auto = sub.add_parser("autograde", help="grade a folder or zip of submitted notebooks (any file names)")
+    auto.add_argument("submissions", help="a folder of .ipynb files (any names, or a folder per student), "
+                                          "a learning platform's .zip of them, or one notebook")
     auto.add_argument("-a", "--assignment", help="default: recognised from each notebook's cells")
     auto.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                       help="parallel grading processes (default: CPU count)")

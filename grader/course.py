@@ -1,8 +1,8 @@
 """nbgrader's course directory, set up and driven from code.
 
 The instructor never arranges ``source/`` or ``submitted/<student>/<assignment>/`` by hand: this
-module copies the nbgrader sources from solutions/, files each submitted notebook under a student
-id taken from its file name, and calls nbgrader through its Python API (``nbgrader validate`` and
+module copies the nbgrader sources from solutions/, files each submitted notebook under the student
+id grader.inbox gives it, and calls nbgrader through its Python API (``nbgrader validate`` and
 friends exit 0 even when something failed; the API reports success per call). The gradebook is
 only ever written from one process at a time.
 """
@@ -10,7 +10,6 @@ only ever written from one process at a time.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import warnings
@@ -38,17 +37,6 @@ def put_venv_on_path() -> None:
 def assignments() -> list[str]:
     """Every assignment with an nbgrader source notebook in solutions/, in course order."""
     return sorted(p.name for p in SOLUTIONS.iterdir() if (p / f"{p.name}.ipynb").is_file())
-
-
-def student_id(path: Path, taken: set[str]) -> str:
-    """A safe, unique nbgrader student id from a submission's file name."""
-    base = re.sub(r"[^\w.-]+", "_", path.stem).strip("._-") or "student"  # \w: 张三 stays 张三
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def test_a_terminal_also_gets_a_progress_bar() -> None:
 def test_students_keep_their_names_in_any_script_and_the_columns_line_up() -> None:
     """A class that names its files 张三.ipynb and 李四.ipynb must not come out as student and
     student_2; wide characters take two columns, so the scores still line up."""
-    from grader.course import student_id
+    from grader.inbox import student_id
 
     taken: set[str] = set()
     assert [student_id(Path(f"{name}.ipynb"), taken) for name in ("张三", "李四", "Ada Lovelace", "../x", "张三")] == [

@@ -191,6 +191,26 @@ def test_serial_grading_in_the_nbgrader_process(tmp_path: Path) -> None:
     assert _scores(rows[0]) == PINNED["forgot_subgroup"]
 
 
+def test_a_platforms_zip_is_graded_with_each_student_named_by_their_folder(tmp_path: Path) -> None:
+    """A learning platform's download: one folder per student, each holding the released
+    notebook's own name (a Chinese name stored in GBK, as Windows' zip tool does). Every student
+    was named after the file ("ex1_all_reduce_rs_ag", then "..._2"); the zip had to be unpacked by hand."""
+    from test_grader_inbox import zip_of
+
+    notebook = f"{ASSIGNMENT}.ipynb"
+    archive = zip_of(tmp_path / "ex1 download.zip", {
+        f"Bob Smith_1002_assignsubmission_file_/{notebook}": (FIXTURES / ASSIGNMENT / "forgot_subgroup.ipynb").read_bytes(),
+        f"张三_1001_assignsubmission_file_/{notebook}".encode("gbk"): (FIXTURES / ASSIGNMENT / "solution.ipynb").read_bytes(),
+    })
+    course = tmp_path / "course"
+    done = _grader("autograde", str(archive), "--course", str(course), "--part-timeout", str(PART_TIMEOUT))
+    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(_grader("export", "--course", str(course)).stdout))}
+    assert sorted(rows) == ["Bob_Smith_1002", "张三_1001"], rows
+    assert _scores(rows["张三_1001"]) == PINNED["solution"]
+    assert _scores(rows["Bob_Smith_1002"]) == PINNED["forgot_subgroup"]
+
+
 def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_path: Path) -> None:
     """The Chinese release has the same grade ids and points: one gradebook, the same scores,
     and the student reads the notebook and the grader's verdicts in Chinese."""

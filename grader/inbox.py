@@ -1,0 +1,117 @@
+"""Where a class's submissions come from, and whose each one is.
+
+An instructor gets them in one of three shapes: a folder of notebooks under any names (students
+rename their files), a folder per student that all hold the released notebook's name (nbgrader's
+exchange, JupyterHub homes), or the zip a learning platform downloads, which is one of the two
+(Canvas: every file in one folder, the student in its name; Moodle: a folder per student,
+``Ada Lovelace_123456_assignsubmission_file_``). Naming every student after the file would give a
+class of ``ex1``, ``ex1_2``, ``ex1_3``: the student is the folder below the folders all notebooks
+share, when there is one, else the file's name.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import zipfile
+from pathlib import Path, PurePosixPath
+
+MAX_NOTEBOOK_BYTES = 64 * 2**20  # a notebook larger than this in a zip is no answer to grade
+_PLATFORM_SUFFIX = re.compile(r"_(assignsubmission|onlinetext)_\w*$")  # Moodle's folder names
+
+
+class BadArchive(Exception):
+    """The zip cannot be read, or holds no notebook."""
+
+
+def notebooks(inbox: Path) -> list[Path]:
+    """The notebooks under ``inbox`` (or ``inbox`` itself, a notebook), without the copies Jupyter
+    and macOS's zip tool leave beside them."""
+    if not inbox.is_dir():
+        return [inbox]
+    return [path for path in sorted(inbox.rglob("*.ipynb"))
+            if not any(part in (".ipynb_checkpoints", "__MACOSX") for part in path.relative_to(inbox).parts)
+            and not path.name.startswith("._")]
+
+
+def unpack(archive: Path, into: Path) -> Path:
+    """Extract the notebooks of a zip into the folder ``into`` (emptied first), and return it. Only
+    ``.ipynb`` members are written, each under its own path inside ``into``: a name that would
+    climb out of it (``../``, an absolute path) is refused, as is a member too large to be one."""
+    try:
+        zipped = zipfile.ZipFile(archive)
+    except (OSError, zipfile.BadZipFile) as why:
+        raise BadArchive(f"{archive} is not a zip file that can be read: {why}") from None
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    written = 0
+    with zipped:
+        for member in zipped.infolist():
+            name = PurePosixPath(_member_name(member).replace("\\", "/"))
+            if member.is_dir() or name.suffix.lower() != ".ipynb":
+                continue
+            if name.is_absolute() or ".." in name.parts or member.file_size > MAX_NOTEBOOK_BYTES:
+                raise BadArchive(f"{archive}: refused the member {str(name)!r} (outside the archive's "
+                                 f"folder, or larger than {MAX_NOTEBOOK_BYTES >> 20} MB)")
+            target = into.joinpath(*name.parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zipped.open(member) as source, open(target, "wb") as out:
+                data = source.read(MAX_NOTEBOOK_BYTES + 1)  # the header's size may lie
+                if len(data) > MAX_NOTEBOOK_BYTES:
+                    raise BadArchive(f"{archive}: {str(name)!r} is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+                out.write(data)
+            written += 1
+    if not written:
+        raise BadArchive(f"no notebooks in {archive}")
+    return into
+
+
+def _member_name(member: zipfile.ZipInfo) -> str:
+    """A member's name as its author wrote it: a zip made on a Chinese Windows stores names in GBK
+    without saying so, which Python reads as code page 437 (``ÕÅ╚²``)."""
+    if member.flag_bits & 0x800:  # the zip says UTF-8
+        return member.filename
+    raw = member.filename.encode("cp437")
+    for encoding in ("utf-8", "gbk"):
+        try:
+            return raw.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return member.filename
+
+
+class Inbox:
+    """The notebooks of one folder of submissions (or one notebook), and who sent each."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.notebooks = notebooks(root)
+        folders = [path.relative_to(root).parts[:-1] for path in self.notebooks] if root.is_dir() else []
+        shared: tuple[str, ...] = folders[0] if folders else ()
+        for parts in folders[1:]:  # the folders every notebook lies in (ex1-submissions/) name no one
+            n = 0
+            while n < min(len(shared), len(parts)) and shared[n] == parts[n]:
+                n += 1
+            shared = shared[:n]
+        self._shared = len(shared)
+
+    def student_id(self, path: Path, taken: set[str]) -> str:
+        """The student of the notebook at ``path``: the folder it lies in below the shared ones,
+        when there is one, else its file name (see :func:`student_id`)."""
+        if not self.root.is_dir():
+            return student_id(path, taken)
+        parts = path.relative_to(self.root).parts[self._shared:]
+        return student_id(path, taken, folder=parts[0] if len(parts) > 1 else None)
+
+
+def student_id(path: Path, taken: set[str], folder: str | None = None) -> str:
+    """A safe nbgrader student id, unique in ``taken``, from the student's ``folder`` (a learning
+    platform's suffix dropped) or else the file's name."""
+    name = _PLATFORM_SUFFIX.sub("", folder) if folder else path.stem
+    base = re.sub(r"[^\w.-]+", "_", name).strip("._-") or "student"  # \w: 张三 stays 张三
+    unique, n = base, 1
+    while unique in taken:
+        n += 1
+        unique = f"{base}_{n}"
+    taken.add(unique)
+    return unique
