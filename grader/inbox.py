@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20  # a notebook larger than this in a zip is no answer to grade
+MAX_UNPACKED_BYTES = 4 * 2**30  # a class of 500 sending 8 MB each; more is a zip bomb
 _PLATFORM_SUFFIX = re.compile(r"_(assignsubmission|onlinetext)_\w*$")  # Moodle's folder names
 
 
@@ -29,41 +30,51 @@ def notebooks(inbox: Path) -> list[Path]:
     and macOS's zip tool leave beside them."""
     if not inbox.is_dir():
         return [inbox]
-    return [path for path in sorted(inbox.rglob("*.ipynb"))
-            if not any(part in (".ipynb_checkpoints", "__MACOSX") for part in path.relative_to(inbox).parts)
-            and not path.name.startswith("._")]
+    return [path for path in sorted(inbox.rglob("*.ipynb")) if not _left_by_tools(path.relative_to(inbox).parts)]
 
 
-def unpack(archive: Path, into: Path) -> Path:
-    """Extract the notebooks of a zip into the folder ``into`` (emptied first), and return it. Only
-    ``.ipynb`` members are written, each under its own path inside ``into``: a name that would
-    climb out of it (``../``, an absolute path) is refused, as is a member too large to be one."""
+def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
+    """Extract the notebooks of a zip into the folder ``into`` (emptied first); return it and the
+    other files the zip holds (a student who sent ``notes.txt`` or a zip instead of a notebook must
+    be told of). Only ``.ipynb`` members are written, each under its own path inside ``into``: a
+    name that would climb out of it (``../``, an absolute path) is refused, as is a member too
+    large to be a notebook, or a zip that unpacks to more than a class could send."""
     try:
         zipped = zipfile.ZipFile(archive)
     except (OSError, zipfile.BadZipFile) as why:
         raise BadArchive(f"{archive} is not a zip file that can be read: {why}") from None
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
-    written = 0
+    written, others = 0, []
     with zipped:
         for member in zipped.infolist():
             name = PurePosixPath(_member_name(member).replace("\\", "/"))
-            if member.is_dir() or name.suffix.lower() != ".ipynb":
+            if member.is_dir() or _left_by_tools(name.parts):
+                continue
+            if name.suffix.lower() != ".ipynb":
+                others.append(str(name))
                 continue
             if name.is_absolute() or ".." in name.parts or member.file_size > MAX_NOTEBOOK_BYTES:
                 raise BadArchive(f"{archive}: refused the member {str(name)!r} (outside the archive's "
                                  f"folder, or larger than {MAX_NOTEBOOK_BYTES >> 20} MB)")
+            with zipped.open(member) as source:
+                data = source.read(MAX_NOTEBOOK_BYTES + 1)  # the header's size may lie
+            if len(data) > MAX_NOTEBOOK_BYTES:
+                raise BadArchive(f"{archive}: {str(name)!r} is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+            written += len(data)
+            if written > MAX_UNPACKED_BYTES:
+                raise BadArchive(f"{archive} unpacks to more than {MAX_UNPACKED_BYTES / 2**30:g} GB of notebooks")
             target = into.joinpath(*name.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with zipped.open(member) as source, open(target, "wb") as out:
-                data = source.read(MAX_NOTEBOOK_BYTES + 1)  # the header's size may lie
-                if len(data) > MAX_NOTEBOOK_BYTES:
-                    raise BadArchive(f"{archive}: {str(name)!r} is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
-                out.write(data)
-            written += 1
-    if not written:
+            target.write_bytes(data)
+    if not notebooks(into):
         raise BadArchive(f"no notebooks in {archive}")
-    return into
+    return into, others
+
+
+def _left_by_tools(parts: tuple[str, ...]) -> bool:
+    """Copies Jupyter and macOS's zip tool leave beside a notebook: no one's submission."""
+    return any(part in (".ipynb_checkpoints", "__MACOSX") for part in parts) or parts[-1].startswith("._")
 
 
 def _member_name(member: zipfile.ZipInfo) -> str:

@@ -71,7 +71,7 @@ def test_a_platforms_zip_is_unpacked_with_the_names_its_students_wrote(tmp_path:
     into = tmp_path / "course" / "inbox" / "download"
     (into / "stale").mkdir(parents=True)
     (into / "stale" / "old.ipynb").write_bytes(NOTEBOOK)  # from an earlier run of the same zip
-    assert unpack(archive, into) == into
+    assert unpack(archive, into) == (into, ["Bob_1003_assignsubmission_file_/notes.txt"])  # to be reported
     assert _ids(into) == ["Ada_Lovelace_1001", "张三_1002"]
     assert not (into / "Bob_1003_assignsubmission_file_").exists()
 
@@ -91,3 +91,13 @@ def test_a_file_that_is_no_zip_or_holds_no_notebook_says_so(tmp_path: Path) -> N
         unpack(tmp_path / "fake.zip", tmp_path / "a")
     with pytest.raises(BadArchive, match="no notebooks"):
         unpack(zip_of(tmp_path / "empty.zip", {"readme.txt": b"hi"}), tmp_path / "b")
+
+
+def test_a_zip_that_unpacks_to_more_than_a_class_sends_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from grader import inbox
+
+    monkeypatch.setattr(inbox, "MAX_UNPACKED_BYTES", 3 * len(NOTEBOOK))  # 4 GB in use: a smaller class here
+    archive = zip_of(tmp_path / "bomb.zip", {f"s{n}/ex1.ipynb": NOTEBOOK for n in range(4)})
+    with pytest.raises(BadArchive, match="unpacks to more than"):
+        unpack(archive, tmp_path / "out")
+    assert len(list((tmp_path / "out").rglob("*.ipynb"))) == 3  # stopped before the one too many

@@ -201,10 +201,12 @@ def test_a_platforms_zip_is_graded_with_each_student_named_by_their_folder(tmp_p
     archive = zip_of(tmp_path / "ex1 download.zip", {
         f"Bob Smith_1002_assignsubmission_file_/{notebook}": (FIXTURES / ASSIGNMENT / "forgot_subgroup.ipynb").read_bytes(),
         f"张三_1001_assignsubmission_file_/{notebook}".encode("gbk"): (FIXTURES / ASSIGNMENT / "solution.ipynb").read_bytes(),
+        "Bob Smith_1002_assignsubmission_file_/notes.txt": b"I also tried a tree.",
     })
     course = tmp_path / "course"
     done = _grader("autograde", str(archive), "--course", str(course), "--part-timeout", str(PART_TIMEOUT))
-    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == "skipped Bob Smith_1002_assignsubmission_file_/notes.txt in ex1 download.zip: not a notebook\n"
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(_grader("export", "--course", str(course)).stdout))}
     assert sorted(rows) == ["Bob_Smith_1002", "张三_1001"], rows
     assert _scores(rows["张三_1001"]) == PINNED["solution"]
