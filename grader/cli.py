@@ -116,13 +116,13 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     given = folder = Path(args.submissions)
     if folder.suffix.lower() == ".zip" and folder.is_file():  # a learning platform's download
         try:
-            folder, others = unpack(given, Path(args.course) / "inbox" / given.stem)
+            folder, skipped = unpack(given, Path(args.course) / "inbox" / given.stem)
         except BadArchive as problem:
             print(problem, file=sys.stderr)
             return 2
-        for name in others:
-            print(f"skipped {name} in {given.name}: not a notebook", file=sys.stderr)
-    inbox = Inbox(folder)
+        for line in skipped:
+            print(f"skipped {line}", file=sys.stderr)
+    inbox = Inbox(folder, released=assignments())
     if not inbox.notebooks:
         print(f"no notebooks in {folder}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import zipfile
+from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20  # a notebook larger than this in a zip is no answer to grade
@@ -34,9 +35,9 @@ def notebooks(inbox: Path) -> list[Path]:
 
 
 def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
-    """Extract the notebooks of a zip into the folder ``into`` (emptied first); return it and the
-    other files the zip holds (a student who sent ``notes.txt`` or a zip instead of a notebook must
-    be told of). Only ``.ipynb`` members are written, each under its own path inside ``into``: a
+    """Extract the notebooks of a zip into the folder ``into`` (emptied first); return it and a
+    line for each file left out (a student who sent ``notes.txt`` or a zip instead of a notebook,
+    or a file name this file system cannot hold, must not go unnoticed). Only ``.ipynb`` members are written, each under its own path inside ``into``: a
     name that would climb out of it (``../``, an absolute path) is refused, as is a member too
     large to be a notebook, or a zip that unpacks to more than a class could send."""
     try:
@@ -45,14 +46,14 @@ def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
         raise BadArchive(f"{archive} is not a zip file that can be read: {why}") from None
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
-    written, others = 0, []
+    written, skipped = 0, []
     with zipped:
         for member in zipped.infolist():
             name = PurePosixPath(_member_name(member).replace("\\", "/"))
             if member.is_dir() or _left_by_tools(name.parts):
                 continue
             if name.suffix.lower() != ".ipynb":
-                others.append(str(name))
+                skipped.append(f"{name} in {archive.name}: not a notebook")
                 continue
             if name.is_absolute() or ".." in name.parts or member.file_size > MAX_NOTEBOOK_BYTES:
                 raise BadArchive(f"{archive}: refused the member {str(name)!r} (outside the archive's "
@@ -65,11 +66,14 @@ def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
             if written > MAX_UNPACKED_BYTES:
                 raise BadArchive(f"{archive} unpacks to more than {MAX_UNPACKED_BYTES / 2**30:g} GB of notebooks")
             target = into.joinpath(*name.parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            except OSError as why:  # a name too long once read as UTF-8, a file where a folder goes
+                skipped.append(f"{name} in {archive.name}: could not be unpacked ({why.strerror})")
     if not notebooks(into):
         raise BadArchive(f"no notebooks in {archive}")
-    return into, others
+    return into, skipped
 
 
 def _left_by_tools(parts: tuple[str, ...]) -> bool:
@@ -92,10 +96,13 @@ def _member_name(member: zipfile.ZipInfo) -> str:
 
 
 class Inbox:
-    """The notebooks of one folder of submissions (or one notebook), and who sent each."""
+    """The notebooks of one folder of submissions (or one notebook), and who sent each.
+    ``released``: the file names (without ``.ipynb``) the assignments are released under, which
+    name no student."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, released: Collection[str] = ()) -> None:
         self.root = root
+        self.released = set(released)
         self.notebooks = notebooks(root)
         folders = [path.relative_to(root).parts[:-1] for path in self.notebooks] if root.is_dir() else []
         shared: tuple[str, ...] = folders[0] if folders else ()
@@ -111,8 +118,14 @@ class Inbox:
         when there is one, else its file name (see :func:`student_id`)."""
         if not self.root.is_dir():
             return student_id(path, taken)
-        parts = path.relative_to(self.root).parts[self._shared:]
-        return student_id(path, taken, folder=parts[0] if len(parts) > 1 else None)
+        parts = path.relative_to(self.root).parts
+        below = parts[self._shared:]
+        if len(below) > 1:
+            return student_id(path, taken, folder=below[0])
+        if path.stem in self.released:  # alone (one late submission): the nearest folder that names no assignment
+            folder = next((part for part in reversed(parts[:-1]) if part not in self.released), None)
+            return student_id(path, taken, folder=folder)
+        return student_id(path, taken)
 
 
 def student_id(path: Path, taken: set[str], folder: str | None = None) -> str:

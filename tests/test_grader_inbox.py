@@ -34,7 +34,7 @@ def zip_of(path: Path, members: dict[str | bytes, bytes]) -> Path:
 
 
 def _ids(inbox: Path) -> list[str]:
-    found = Inbox(inbox)
+    found = Inbox(inbox, released={"ex1_all_reduce_rs_ag"})
     taken: set[str] = set()
     return [found.student_id(path, taken) for path in found.notebooks]
 
@@ -58,6 +58,8 @@ def test_students_are_named_by_their_folder_or_else_their_file(tmp_path: Path) -
                     "张三_1002_assignsubmission_file_/ex1 (2).ipynb", "__MACOSX/x/._ex1.ipynb")
     assert _ids(moodle) == ["Ada_Lovelace_1001", "张三_1002"]
     assert _ids(_write(tmp_path / "one", "Ada.ipynb")) == ["Ada"]
+    assert _ids(_write(tmp_path / "late", "bob/ex1_all_reduce_rs_ag/ex1_all_reduce_rs_ag.ipynb")) == ["bob"]
+    assert _ids(_write(tmp_path / "late2", "submissions/carol_ex1.ipynb")) == ["carol_ex1"]
     assert _ids(tmp_path / "one" / "Ada.ipynb") == ["Ada"]  # a single file
 
 
@@ -71,7 +73,7 @@ def test_a_platforms_zip_is_unpacked_with_the_names_its_students_wrote(tmp_path:
     into = tmp_path / "course" / "inbox" / "download"
     (into / "stale").mkdir(parents=True)
     (into / "stale" / "old.ipynb").write_bytes(NOTEBOOK)  # from an earlier run of the same zip
-    assert unpack(archive, into) == (into, ["Bob_1003_assignsubmission_file_/notes.txt"])  # to be reported
+    assert unpack(archive, into) == (into, ["Bob_1003_assignsubmission_file_/notes.txt in download.zip: not a notebook"])
     assert _ids(into) == ["Ada_Lovelace_1001", "张三_1002"]
     assert not (into / "Bob_1003_assignsubmission_file_").exists()
 
@@ -101,3 +103,14 @@ def test_a_zip_that_unpacks_to_more_than_a_class_sends_is_stopped(tmp_path: Path
     with pytest.raises(BadArchive, match="unpacks to more than"):
         unpack(archive, tmp_path / "out")
     assert len(list((tmp_path / "out").rglob("*.ipynb"))) == 3  # stopped before the one too many
+
+
+def test_a_member_this_file_system_cannot_hold_is_reported_and_the_rest_unpacked(tmp_path: Path) -> None:
+    """A long Chinese file name fits a zip in GBK (2 bytes a character, Linux allows 255 bytes)
+    but not this file system once read as UTF-8 (3 bytes a character)."""
+    long_name = "作业" * 60 + ".ipynb"  # 240 bytes in GBK, 366 in UTF-8
+    archive = zip_of(tmp_path / "class.zip", {"ada/ex1_all_reduce_rs_ag.ipynb": NOTEBOOK,
+                                              f"bob/{long_name}".encode("gbk"): NOTEBOOK})
+    into, skipped = unpack(archive, tmp_path / "out")
+    assert _ids(into) == ["ada"]  # alone in the class, and named by the folder: the file names no one
+    assert skipped == [f"bob/{long_name} in class.zip: could not be unpacked (File name too long)"], skipped
