@@ -37,9 +37,10 @@ def notebooks(inbox: Path) -> list[Path]:
 def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
     """Extract the notebooks of a zip into the folder ``into`` (emptied first); return it and a
     line for each file left out (a student who sent ``notes.txt`` or a zip instead of a notebook,
-    or a file name this file system cannot hold, must not go unnoticed). Only ``.ipynb`` members are written, each under its own path inside ``into``: a
-    name that would climb out of it (``../``, an absolute path) is refused, as is a member too
-    large to be a notebook, or a zip that unpacks to more than a class could send."""
+    or a file name this file system cannot hold, must not go unnoticed). Only ``.ipynb`` members
+    are written, each under its own path inside ``into``: a name that would climb out of it
+    (``../``, an absolute path) is refused, as is a member too large to be a notebook, or a zip
+    that unpacks to more than a class could send."""
     try:
         zipped = zipfile.ZipFile(archive)
     except (OSError, zipfile.BadZipFile) as why:
@@ -50,7 +51,7 @@ def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
     with zipped:
         for member in zipped.infolist():
             name = PurePosixPath(_member_name(member).replace("\\", "/"))
-            if member.is_dir() or _left_by_tools(name.parts):
+            if member.is_dir() or not name.parts or _left_by_tools(name.parts):
                 continue
             if name.suffix.lower() != ".ipynb":
                 skipped.append(f"{name} in {archive.name}: not a notebook")
