@@ -363,3 +363,21 @@ def test_a_kernel_whose_allocation_a_step_holds_still_gets_its_ranks(
         holder.wait(timeout=30)
         subprocess.run(["scancel", job[1]], env=env, capture_output=True, timeout=30)
         _wait_no_jobs(cluster)
+
+
+def test_a_kernel_in_a_job_that_exports_no_environment_still_gets_its_ranks(
+        cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel in a batch job started with ``sbatch --export=NONE`` (or a list, as JupyterHub's
+    batchspawner does) inherits SLURM_EXPORT_ENV, and srun inside it passes that on: the ranks
+    started without the variables that say where the kernel is, and never joined."""
+    monkeypatch.setenv("SLURM_EXPORT_ENV", "NONE")
+    session = KernelSession()
+    try:
+        start = session.execute("%load_ext distlab\n" + START, timeout=180)
+        assert start.error is None, start.traceback + cluster.logs()
+        reply = session.execute("%%dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+        assert reply.error is None, reply.traceback
+        assert sorted(reply.stdout.splitlines()) == [f"[rank {r} @dlnode{1 + r // 2}] 4.0" for r in range(4)]
+    finally:
+        session.shutdown()
+        _wait_no_jobs(cluster)

@@ -98,7 +98,10 @@ class ClusterLaunch:
         full = dict(os.environ)
         full.update(env)
         self.job_name = f"distlab-{env['DISTLAB_POOL'].replace(':', '-')}"  # one per generation
-        srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--unbuffered",
+        # --export=ALL: a kernel in a job started with sbatch --export=NONE (or a list of names, as
+        # JupyterHub's batchspawner does) inherits SLURM_EXPORT_ENV, and srun would start the ranks
+        # without DISTLAB_*; an --export of the user's own comes later and wins
+        srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL",
                 f"--job-name={self.job_name}", *_share_the_allocation(self.srun_args), *self.srun_args, *command]
         with open(log_path, "ab") as log:
             try:
