@@ -373,6 +373,11 @@ def test_ipython_syntax_on_the_ranks_fails_with_a_hint(kernel: KernelSession, li
     reply = kernel.execute(f"%%dist\nx = 1\n{line}")
     assert reply.error is not None and f"at cell line 2: {line}" in reply.traceback
     assert "IPython syntax: they run in the kernel, not on the ranks" in reply.traceback
+    if line.startswith("!"):  # and the line that runs the command on each rank, which works
+        advice = "import subprocess; print(subprocess.run('ls', shell=True, capture_output=True, text=True).stdout)"
+        assert advice in reply.traceback, reply.traceback
+        reply = kernel.execute(f"%%dist\n{advice}\nprint('listed', rank)")
+        assert reply.error is None and "[rank 3] listed 3" in reply.stdout, reply.traceback
     reply = kernel.execute("%%dist\nx = (1,\n")  # a plain syntax error gets no such hint
     assert reply.error is not None and "IPython syntax" not in reply.traceback
 

@@ -157,6 +157,10 @@ ZH: dict[str, str] = {
     "run plain Python. Put them in a cell of their own.)":
         "（%魔法命令、!shell 命令和 ? 帮助都是 IPython 语法：它们在 kernel 里运行，而各个 rank 只运行普通 Python。"
         "请把它们放到单独的单元格里。）",
+    "(To run it on every rank: import subprocess; print(subprocess.run({command}, shell=True, "
+    "capture_output=True, text=True).stdout))":
+        "（要在每个 rank 上运行它：import subprocess; print(subprocess.run({command}, shell=True, "
+        "capture_output=True, text=True).stdout)）",
     "(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
     "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
     "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\"; FSDP "
