@@ -68,7 +68,7 @@ class NotebookSink(PrintSink):
             publish_display_data(data, metadata)
             return
         shown_id = f"distlab-{self._run}-{rank}-{display_id}"
-        self._label(rank, shown_id, update, blank=update and not any(data.values()))
+        self._label(rank, shown_id, update, blank=update and data == {"text/plain": ""})  # as clear_output sends
         publish_display_data(data, metadata, transient={"display_id": shown_id}, update=update)
 
     def _label(self, rank: int, shown_id: str, update: bool, blank: bool) -> None:
