@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from distlab.edition import LANGUAGES
 from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments
-from grader.inbox import BadArchive, Inbox, unpack
+from grader.inbox import BadArchive, Inbox, set_aside, unpack
 from grader.release import normalise, translate
 
 
@@ -122,6 +122,9 @@ def cmd_autograde(args: argparse.Namespace) -> int:
             return 2
         for line in skipped:
             print(f"skipped {line}", file=sys.stderr)
+    elif folder.resolve().is_relative_to(Path(args.course).resolve() / "submitted"):
+        # nbgrader's collect leaves them there, where filing each submission would first delete it
+        folder = set_aside(folder, Path(args.course) / "inbox" / "submitted")
     inbox = Inbox(folder, released=assignments())
     if not inbox.notebooks:
         print(f"no notebooks in {folder}", file=sys.stderr)

@@ -82,6 +82,18 @@ def _left_by_tools(parts: tuple[str, ...]) -> bool:
     return any(part in (".ipynb_checkpoints", "__MACOSX") for part in parts) or parts[-1].startswith("._")
 
 
+def set_aside(folder: Path, into: Path) -> Path:
+    """Copy the notebooks of ``folder`` (a course's own ``submitted/``, which grading rewrites)
+    into ``into`` (emptied first), keeping their paths, and return it."""
+    shutil.rmtree(into, ignore_errors=True)
+    for path in notebooks(folder):
+        target = into / path.relative_to(folder) if folder.is_dir() else into / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    into.mkdir(parents=True, exist_ok=True)
+    return into
+
+
 def _member_name(member: zipfile.ZipInfo) -> str:
     """A member's name as its author wrote it: a zip made on a Chinese Windows stores names in GBK
     without saying so, which Python reads as code page 437 (``ÕÅ╚²``)."""

@@ -211,6 +211,16 @@ def test_a_platforms_zip_is_graded_with_each_student_named_by_their_folder(tmp_p
     assert sorted(rows) == ["Bob_Smith_1002", "张三_1001"], rows
     assert _scores(rows["张三_1001"]) == PINNED["solution"]
     assert _scores(rows["Bob_Smith_1002"]) == PINNED["forgot_subgroup"]
+    # graded again from the course's own submitted/ (where nbgrader's collect puts them): filing a
+    # submission there first removed its folder, so the notebook being graded was deleted
+    submitted = course / "submitted"
+    done = _grader("autograde", str(submitted), "--course", str(course), "--jobs", "1",
+                   "--part-timeout", str(PART_TIMEOUT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.relative_to(submitted).as_posix() for p in submitted.rglob("*.ipynb")) == [
+        f"Bob_Smith_1002/{ASSIGNMENT}/{notebook}", f"张三_1001/{ASSIGNMENT}/{notebook}"]
+    again = {r["student"]: r for r in csv.DictReader(io.StringIO(_grader("export", "--course", str(course)).stdout))}
+    assert {s: _scores(r) for s, r in again.items()} == {s: _scores(r) for s, r in rows.items()}
 
 
 def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_path: Path) -> None:
