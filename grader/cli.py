@@ -112,6 +112,10 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 # --- autograde ------------------------------------------------------------------------------------
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
 def cmd_autograde(args: argparse.Namespace) -> int:
     given = folder = Path(args.submissions)
     if folder.suffix.lower() == ".zip" and folder.is_file():  # a learning platform's download
@@ -122,9 +126,10 @@ def cmd_autograde(args: argparse.Namespace) -> int:
             return 2
         for line in skipped:
             print(f"skipped {line}", file=sys.stderr)
-    elif folder.resolve().is_relative_to(Path(args.course).resolve() / "submitted"):
-        # nbgrader's collect leaves them there, where filing each submission would first delete it
-        folder = set_aside(folder, Path(args.course) / "inbox" / "submitted")
+    elif _inside(folder, Path(args.course)) and not _inside(folder, Path(args.course) / "inbox"):
+        # the course's submitted/ (nbgrader collect leaves them there) or autograded/: grading
+        # rewrites both, and would delete each notebook before reading it
+        folder = set_aside(folder, Path(args.course) / "inbox" / "from-course")
     inbox = Inbox(folder, released=assignments())
     if not inbox.notebooks:
         print(f"no notebooks in {folder}", file=sys.stderr)
