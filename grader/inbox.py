@@ -127,14 +127,15 @@ class Inbox:
         self._shared = len(shared)
 
     def student_id(self, path: Path, taken: set[str]) -> str:
-        """The student of the notebook at ``path``: the folder it lies in below the shared ones,
-        when there is one, else its file name (see :func:`student_id`)."""
+        """The student of the notebook at ``path``: the first folder it lies in below the shared
+        ones that names no assignment (an instructor may sort a class by assignment), else its file
+        name (see :func:`student_id`)."""
         if not self.root.is_dir():
             return student_id(path, taken)
         parts = path.relative_to(self.root).parts
-        below = parts[self._shared:]
-        if len(below) > 1:
-            return student_id(path, taken, folder=below[0])
+        folders = [part for part in parts[self._shared:-1] if part not in self.released]
+        if folders:
+            return student_id(path, taken, folder=folders[0])
         if path.stem in self.released:  # alone (one late submission): the nearest folder that names no assignment
             folder = next((part for part in reversed(parts[:-1]) if part not in self.released), None)
             return student_id(path, taken, folder=folder)

@@ -34,7 +34,7 @@ def zip_of(path: Path, members: dict[str | bytes, bytes]) -> Path:
 
 
 def _ids(inbox: Path) -> list[str]:
-    found = Inbox(inbox, released={"ex1_all_reduce_rs_ag"})
+    found = Inbox(inbox, released={"ex1_all_reduce_rs_ag", "ex2_ring_all_reduce"})
     taken: set[str] = set()
     return [found.student_id(path, taken) for path in found.notebooks]
 
@@ -57,6 +57,9 @@ def test_students_are_named_by_their_folder_or_else_their_file(tmp_path: Path) -
     moodle = _write(tmp_path / "moodle", "Ada Lovelace_1001_assignsubmission_file_/ex1.ipynb",
                     "张三_1002_assignsubmission_file_/ex1 (2).ipynb", "__MACOSX/x/._ex1.ipynb")
     assert _ids(moodle) == ["Ada_Lovelace_1001", "张三_1002"]
+    by_assignment = _write(tmp_path / "sorted", "ex1_all_reduce_rs_ag/ada.ipynb", "ex1_all_reduce_rs_ag/bo.ipynb",
+                           "ex2_ring_all_reduce/ada.ipynb")  # an instructor's own sorting names no one
+    assert _ids(by_assignment) == ["ada", "bo", "ada_2"]  # unique per run here; the CLI counts per assignment
     assert _ids(_write(tmp_path / "one", "Ada.ipynb")) == ["Ada"]
     assert _ids(_write(tmp_path / "late", "bob/ex1_all_reduce_rs_ag/ex1_all_reduce_rs_ag.ipynb")) == ["bob"]
     assert _ids(_write(tmp_path / "late2", "submissions/carol_ex1.ipynb")) == ["carol_ex1"]
