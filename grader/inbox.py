@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
+UNPACKED = ".unpacked"  # in the course directory: what a zip held, or a course folder set aside (emptied each time)
 MAX_NOTEBOOK_BYTES = 64 * 2**20  # a notebook larger than this in a zip is no answer to grade
 MAX_UNPACKED_BYTES = 4 * 2**30  # a class of 500 sending 8 MB each; more is a zip bomb
 _PLATFORM_SUFFIX = re.compile(r"_(assignsubmission|onlinetext)_\w*$")  # Moodle's folder names
