@@ -148,7 +148,8 @@ def test_an_interrupt_during_a_restart_leaves_one_line_and_a_working_kernel(kern
 
 CRASHES = {
     "os._exit(3)": ("import os\nos._exit(3)", "exited with code 3"),
-    "SIGKILL": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    "SIGKILL": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                "killed by SIGKILL\n(If no one killed it, the usual cause is Linux's out-of-memory killer"),
     "segfault": ("import ctypes\nctypes.string_at(0)", "killed by SIGSEGV"),
 }
 

@@ -157,6 +157,11 @@ ZH: dict[str, str] = {
     "run plain Python. Put them in a cell of their own.)":
         "（%魔法命令、!shell 命令和 ? 帮助都是 IPython 语法：它们在 kernel 里运行，而各个 rank 只运行普通 Python。"
         "请把它们放到单独的单元格里。）",
+    "(If no one killed it, the usual cause is Linux's out-of-memory killer: the ranks together needed "
+    "more memory than this machine or container has, and each rank holds its own copy of what a cell "
+    "makes. Use smaller tensors or fewer ranks; the next cell starts fresh ranks.)":
+        "（如果没有人杀掉它，通常是 Linux 的内存不足（OOM）机制所为：所有 rank 加起来需要的内存超过了这台机器或容器的容量，"
+        "而每个 rank 都各自保存一份单元格创建的数据。请用更小的张量或更少的 rank；下一个单元格会启动全新的 rank。）",
     "(To run it on every rank: import subprocess; print(subprocess.run({command}, shell=True, "
     "capture_output=True, text=True).stdout))":
         "（要在每个 rank 上运行它：import subprocess; print(subprocess.run({command}, shell=True, "

@@ -827,5 +827,11 @@ def crash_failure(rank: int, code: int | None, remote: bool = False, launcher_go
         message = tr("the rank process was killed by {signal}", signal=name)
     else:
         message = tr("the rank process exited with code {code}", code=code)
-    return RankFailure(rank, "RankCrashed", message, exitcode=code if code is not None else -1,
+    shown = ""
+    if code == -signal.SIGKILL:  # nothing here sends it mid-cell: a person, or the kernel's OOM killer
+        shown = f"RankCrashed: {message}\n" + tr(
+            "(If no one killed it, the usual cause is Linux's out-of-memory killer: the ranks together needed "
+            "more memory than this machine or container has, and each rank holds its own copy of what a cell "
+            "makes. Use smaller tensors or fewer ranks; the next cell starts fresh ranks.)") + "\n"
+    return RankFailure(rank, "RankCrashed", message, traceback=shown, exitcode=code if code is not None else -1,
                        kind=FailureKind.CRASHED)

@@ -59,8 +59,8 @@ def format_failures(failures: Sequence[RankFailure]) -> str:
     texts = {}
     for failure in failures:
         lines = []
-        if failure.kind is FailureKind.CRASHED:
-            lines.append(f"{failure.exc_type}: {failure.message}")
+        if failure.kind is FailureKind.CRASHED:  # no traceback: what ended it, and perhaps why
+            lines.append(failure.traceback.rstrip() or f"{failure.exc_type}: {failure.message}")
         else:
             if failure.lineno is not None and failure.line:
                 lines.append(tr("at cell line {line}: {text}", line=failure.lineno, text=failure.line.strip()))
