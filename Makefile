@@ -52,7 +52,7 @@ lab: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench grader notebooks/_build
-	$(PY) -m mypy src/distlab
+	$(PY) -m mypy src/distlab grader
 
 test: $(STAMP) lint
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) -m "not cluster"

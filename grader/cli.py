@@ -65,6 +65,8 @@ def _assignment_of(notebook: dict[str, object], wanted: str | None) -> str | Non
     if wanted:
         return entry(wanted).assignment
     cells = notebook.get("cells", [])
+    if not isinstance(cells, list):  # not a notebook's cells: no answer cell to find
+        return None
     try:
         ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)}
     except (AttributeError, TypeError):  # metadata that is not a mapping: no answer cell to find
@@ -121,8 +123,8 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     if folder.suffix.lower() == ".zip" and folder.is_file():  # a learning platform's download
         try:
             folder, skipped = unpack(given, Path(args.course) / UNPACKED / given.stem)
-        except BadArchive as problem:
-            print(problem, file=sys.stderr)
+        except BadArchive as bad:
+            print(bad, file=sys.stderr)
             return 2
         for line in skipped:
             print(f"skipped {line}", file=sys.stderr)
@@ -156,8 +158,8 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     # soon as its result is there, one at a time (the gradebook has one writer)
     workers = Workers(course, jobs, args.jobs, args.part_timeout) if args.jobs > 1 else None
     progress = Progress(len(jobs) + len(unreadable))
-    for student, why in unreadable.items():
-        progress.not_a_notebook(student, why)
+    for student, reason in unreadable.items():
+        progress.not_a_notebook(student, reason)
     try:
         for name in sorted({j.assignment for j in jobs}):
             course.prepare(name)

@@ -21,7 +21,7 @@ from nbgrader.preprocessors import (
 
 from distlab.grading.nbgrader_hooks import RestoreDeletedTests, TrustedExecute
 
-c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
+c = get_config()  # type: ignore[name-defined]  # noqa: F821 - provided by traitlets when it loads this file
 
 c.CourseDirectory.course_id = "distlab"
 
