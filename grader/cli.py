@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from distlab.edition import LANGUAGES
 from grader.course import DEFAULT_ROOT, EXERCISES, SOLUTIONS, Course, Job, assignments
-from grader.inbox import UNPACKED, BadArchive, Inbox, set_aside, unpack
+from grader.inbox import BadArchive, Inbox, gather
 from grader.release import normalise, translate
 
 
@@ -114,24 +114,15 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 # --- autograde ------------------------------------------------------------------------------------
-def _inside(path: Path, folder: Path) -> bool:
-    return path.resolve().is_relative_to(folder.resolve())
-
-
 def cmd_autograde(args: argparse.Namespace) -> int:
-    given = folder = Path(args.submissions)
-    if folder.suffix.lower() == ".zip" and folder.is_file():  # a learning platform's download
-        try:
-            folder, skipped = unpack(given, Path(args.course) / UNPACKED / given.stem)
-        except BadArchive as bad:
-            print(bad, file=sys.stderr)
-            return 2
-        for line in skipped:
-            print(f"skipped {line}", file=sys.stderr)
-    elif _inside(folder, Path(args.course)) and not _inside(folder, Path(args.course) / UNPACKED):
-        # the course's submitted/ (nbgrader collect leaves them there) or autograded/: grading
-        # rewrites both, and would delete each notebook before reading it
-        folder = set_aside(folder, Path(args.course) / UNPACKED / "from-course")
+    given = Path(args.submissions)
+    try:
+        folder, skipped = gather(given, Path(args.course))
+    except BadArchive as bad:
+        print(bad, file=sys.stderr)
+        return 2
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
     inbox = Inbox(folder, released=assignments())
     if not inbox.notebooks:
         print(f"no notebooks in {folder}", file=sys.stderr)

@@ -35,6 +35,22 @@ def notebooks(inbox: Path) -> list[Path]:
     return [path for path in sorted(inbox.rglob("*.ipynb")) if not _left_by_tools(path.relative_to(inbox).parts)]
 
 
+def gather(given: Path, course: Path) -> tuple[Path, list[str]]:
+    """The folder (or notebook) to grade for what the instructor ``given``, and a line for each
+    file left out: a zip is unpacked, and a folder of the ``course`` itself (its ``submitted/``,
+    where nbgrader's collect leaves a class, or ``autograded/``) is copied aside, since grading
+    rewrites both and would delete each notebook before reading it."""
+    if given.suffix.lower() == ".zip" and given.is_file():  # a learning platform's download
+        return unpack(given, course / UNPACKED / given.stem)
+    if _inside(given, course) and not _inside(given, course / UNPACKED):
+        return set_aside(given, course / UNPACKED / "from-course"), []
+    return given, []
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
 def unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
     """Extract the notebooks of a zip into the folder ``into`` (emptied first); return it and a
     line for each file left out (a student who sent ``notes.txt`` or a zip instead of a notebook,

@@ -11,17 +11,16 @@ The SVG pictures of :mod:`distlab.render` need none of this: the browser draws t
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from distlab.i18n import language, tr
+from distlab.svg import columns
 
 # Fonts with the Simplified Chinese characters, by the family name matplotlib reads from the file
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "Source Han Sans CN",
              "Microsoft YaHei", "PingFang SC", "Heiti SC", "STHeiti", "Hiragino Sans GB",
              "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Sarasa Gothic SC", "SimHei", "SimSun",
              "Noto Sans CJK JP", "Droid Sans Fallback", "Arial Unicode MS")
-_WIDE = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 
 
 def cjk_font() -> str | None:
@@ -54,7 +53,8 @@ def fit_fonts(fig: Any) -> None:
     if font is None:
         return
     for text in fig.findobj(Text):
-        if _WIDE.search(text.get_text()):
+        shown = text.get_text()
+        if columns(shown) > len(shown):  # a wide character: Chinese, or its punctuation
             families = list(text.get_fontfamily())
             if font not in families:
                 text.set_fontfamily([*families, font])

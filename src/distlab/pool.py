@@ -471,14 +471,19 @@ class Pool:
         when it does, and stops there (see protocol.Cancel)."""
         message = protocol.encode(protocol.Cancel(task))
         for rank in ranks:
-            handle = self.handles.get(rank)
-            if handle is None or handle.conn.closed:
+            handle = self._open_handle(rank)
+            if handle is None:
                 continue
             try:
                 handle.conn.send_bytes(message)
             except OSError:  # gone: the wait notices
                 pass
         self.signal_ranks(ranks, signal.SIGINT)
+
+    def _open_handle(self, rank: int) -> RankHandle | None:
+        """The rank's handle while its connection is open (a rank that died closed it)."""
+        handle = self.handles.get(rank)
+        return None if handle is None or handle.conn.closed else handle
 
     def signal_ranks(self, ranks: Sequence[int], signum: int) -> None:
         """Signal our own ranks directly, without a hop through the launcher (which may be busy).
@@ -496,8 +501,8 @@ class Pool:
                         pass
             return
         for rank in ranks:
-            handle = self.handles.get(rank)
-            if handle is None or handle.conn.closed:
+            handle = self._open_handle(rank)
+            if handle is None:
                 continue
             try:
                 if handle.conn.poll(0) and not _still_open(handle.conn):

@@ -514,9 +514,10 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
         if _looks_like_ipython(line):
             text += tr("(%magics, !shell commands and ? help are IPython syntax: they run in the kernel, not on "
                        "the ranks, which run plain Python. Put them in a cell of their own.)") + "\n"
-            if line.strip().startswith("!") and line.strip()[1:].strip():  # on a cluster: which node has what
+            command = line.strip()[1:].strip() if line.strip().startswith("!") else ""
+            if command:  # on a cluster: which node has what
                 text += tr("(To run it on every rank: import subprocess; print(subprocess.run({command}, shell=True, "
-                           "capture_output=True, text=True).stdout))", command=repr(line.strip()[1:].strip())) + "\n"
+                           "capture_output=True, text=True).stdout))", command=repr(command)) + "\n"
     if any(sign in _safe_str(exc) for sign in _NO_GPU_SIGNS):
         text += tr("(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
                    "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
