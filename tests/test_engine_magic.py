@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -368,18 +369,77 @@ def test_an_exception_fails_the_cell_with_rank_and_line(kernel: KernelSession) -
     assert reply.error is None and reply.stdout.count("next") == 4
 
 
-@pytest.mark.parametrize("line", ["%time dist.barrier()", "!ls", "dist.all_reduce?"])
-def test_ipython_syntax_on_the_ranks_fails_with_a_hint(kernel: KernelSession, line: str) -> None:
+IPYTHON_CELL = """%%dist
+%matplotlib inline
+t = torch.ones(1000)
+%timeit dist.all_reduce(t)
+if rank == 0:
+    %timeit -n 5 -r 2 sum(range(100))
+def doubled(x):
+    y = 2 * x
+    result = %time y + 0
+    return result
+value = doubled(rank)
+listed = !echo rank {rank} of $world_size
+!echo shell says {rank}
+"""
+
+
+def test_ipython_lines_in_a_cell_run_on_every_rank_as_in_a_notebook(kernel: KernelSession) -> None:
+    """%timeit, %time, %matplotlib and !commands, pasted from a one-process notebook, do on each
+    rank what they do in a notebook; %timeit of a collective picks one loop count for all ranks."""
+    reply = kernel.execute(IPYTHON_CELL)
+    assert reply.error is None, reply.traceback
+    assert reply.stderr == ""
+    timed = re.findall(r"\[rank (\d)\] .* per loop \(mean ± std\. dev\. of (\d) runs, ([\d,]+) loops? each\)",
+                       reply.stdout)
+    collective = [t for t in timed if t[1] == "7"]
+    assert sorted(r for r, _, _ in collective) == ["0", "1", "2", "3"], reply.stdout
+    assert len({loops for _, _, loops in collective}) == 1, f"ranks chose different loop counts: {collective}"
+    assert [t for t in timed if t[1] == "2"] == [("0", "2", "5")], reply.stdout
+    assert reply.stdout.count("Wall time: ") == 4 and reply.stdout.count("CPU times: user ") == 4
+    assert kernel.value("%dist_pull value") == [0, 2, 4, 6]
+    assert kernel.value("%dist_pull listed") == [[f"rank {r} of 4"] for r in range(4)]
+    assert "[rank 2] shell says 2" in reply.stdout
+    reply = kernel.execute("%%dist\nprint('next', rank)")
+    assert reply.error is None and reply.stdout.count("next") == 4
+
+
+def test_timeit_of_ranks_that_time_a_collective_differently_still_agrees_on_the_loops(
+        kernel: KernelSession) -> None:
+    """Rank 0 takes 0.25 s a loop, the others 1 ms: each alone would choose 1 and 1,000 loops,
+    call the collective a different number of times and hang. They agree on the slowest's."""
+    reply = kernel.execute("%%dist --timeout 20\nimport time\nt = torch.ones(4)\n"
+                           "%timeit -r 2 dist.all_reduce(t, async_op=True); time.sleep(0.25 if rank == 0 else 0.001)\n"
+                           "dist.barrier()\nprint('agreed', rank)")
+    assert reply.error is None, reply.traceback
+    assert reply.stdout.count("(mean ± std. dev. of 2 runs, 1 loop each)") == 4, reply.stdout
+    assert reply.stdout.count("agreed") == 4
+
+
+def test_a_cell_timed_whole_with_time_keeps_its_line_numbers(kernel: KernelSession) -> None:
+    reply = kernel.execute("%%dist\n%%time\nx = sum(range(10))\nx + rank")
+    assert reply.error is None, reply.traceback
+    assert reply.stdout.count("Wall time: ") == 4
+    assert kernel.value("%dist_pull x") == [45] * 4
+    reply = kernel.execute("%%dist\n%%time\ny = 1\nz = y / 0")
+    assert reply.error is not None and "at cell line 3: z = y / 0" in reply.traceback, reply.traceback
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("%who", "%who runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may use "
+             "%time, %timeit, %matplotlib and !commands."),
+    ("dist.all_reduce?", "dist.all_reduce? runs in the kernel, not on the ranks"),
+    ("%pip install nothing-here", "%pip install nothing-here runs in the kernel, not on the ranks: put it in a "
+                                  "cell of its own. The ranks use the kernel's Python"),
+    ("%timeit -x 1", "%timeit on the ranks takes -n, -r, -p, -q and -o, not -x"),
+])
+def test_what_only_the_kernel_can_do_fails_saying_so(kernel: KernelSession, line: str, said: str) -> None:
     reply = kernel.execute(f"%%dist\nx = 1\n{line}")
-    assert reply.error is not None and f"at cell line 2: {line}" in reply.traceback
-    assert "IPython syntax: they run in the kernel, not on the ranks" in reply.traceback
-    if line.startswith("!"):  # and the line that runs the command on each rank, which works
-        advice = "import subprocess; print(subprocess.run('ls', shell=True, capture_output=True, text=True).stdout)"
-        assert advice in reply.traceback, reply.traceback
-        reply = kernel.execute(f"%%dist\n{advice}\nprint('listed', rank)")
-        assert reply.error is None and "[rank 3] listed 3" in reply.stdout, reply.traceback
-    reply = kernel.execute("%%dist\nx = (1,\n")  # a plain syntax error gets no such hint
-    assert reply.error is not None and "IPython syntax" not in reply.traceback
+    assert reply.error is not None and f"at cell line 2: {line}" in reply.traceback, reply.traceback
+    assert "4 of 4 ranks failed (rank 0: UsageError: " in reply.traceback and said in reply.traceback
+    reply = kernel.execute("%%dist\nx = (1,\n")  # a cell that is neither Python nor IPython: Python's error
+    assert reply.error is not None and "SyntaxError" in reply.traceback and "UsageError" not in reply.traceback
 
 
 def test_display_of_a_figure_shows_an_image(kernel: KernelSession) -> None:

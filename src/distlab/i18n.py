@@ -153,19 +153,23 @@ ZH: dict[str, str] = {
     "was skipped and its {wanted} does not apply. Run the cell with %%dist -n N --backend B to change them.":
         "distlab：这些 rank 已经组成了进程组（{n} 个 rank，{backend}），所以这次 init_process_group 调用被跳过，"
         "其中的 {wanted} 不会生效。要改变它们，请用 %%dist -n N --backend B 运行这个单元格。",
-    "(%magics, !shell commands and ? help are IPython syntax: they run in the kernel, not on the ranks, which "
-    "run plain Python. Put them in a cell of their own.)":
-        "（%魔法命令、!shell 命令和 ? 帮助都是 IPython 语法：它们在 kernel 里运行，而各个 rank 只运行普通 Python。"
-        "请把它们放到单独的单元格里。）",
+    "{what} runs in the kernel, not on the ranks: put it in a cell of its own. The ranks use the kernel's "
+    "Python, so the next %%dist cell can import what it installed.":
+        "{what} 在 kernel 里运行，不在各个 rank 上运行：请把它放到单独的单元格里。各个 rank 用的是 kernel 的 Python，"
+        "所以下一个 %%dist 单元格就能 import 刚装好的包。",
+    "{what} runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may use "
+    "%time, %timeit, %matplotlib and !commands.":
+        "{what} 在 kernel 里运行，不在各个 rank 上运行：请把它放到单独的单元格里。在 rank 上，单元格可以用 "
+        "%time、%timeit、%matplotlib 和 !命令。",
+    "%timeit on the ranks takes -n, -r, -p, -q and -o, not {word}":
+        "rank 上的 %timeit 接受 -n、-r、-p、-q 和 -o，不接受 {word}",
+    "%timeit -{flag} needs a whole number, not {value!r}":
+        "%timeit -{flag} 需要一个整数，而不是 {value!r}",
     "(If no one killed it, the usual cause is Linux's out-of-memory killer: the ranks together needed "
     "more memory than this machine or container has, and each rank holds its own copy of what a cell "
     "makes. Use smaller tensors or fewer ranks; the next cell starts fresh ranks.)":
         "（如果没有人杀掉它，通常是 Linux 的内存不足（OOM）机制所为：所有 rank 加起来需要的内存超过了这台机器或容器的容量，"
         "而每个 rank 都各自保存一份单元格创建的数据。请用更小的张量或更少的 rank；下一个单元格会启动全新的 rank。）",
-    "(To run it on every rank: import subprocess; print(subprocess.run({command}, shell=True, "
-    "capture_output=True, text=True).stdout))":
-        "（要在每个 rank 上运行它：import subprocess; print(subprocess.run({command}, shell=True, "
-        "capture_output=True, text=True).stdout)）",
     "(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
     "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
     "cuda:N with %%dist --backend nccl on a machine with a GPU per rank), instead of \"cuda\"; FSDP "

@@ -38,7 +38,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import codeship, follow, protocol, rank_display, rank_io, scripts
+from distlab import codeship, follow, protocol, rank_display, rank_io, rank_shell, scripts
 from distlab.errors import SubmissionFailed, TransferFailed
 from distlab.i18n import tr
 from distlab.protocol import (
@@ -411,7 +411,7 @@ class Rank:
 
     def _run_cell(self, source: str, filename: str, task: int) -> None:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        tree = ast.parse(source, filename)
+        tree, source = self._parse(source, filename)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(source):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
@@ -425,6 +425,22 @@ class Rank:
             if value is not None:
                 rank_display.show_value(value)
         self.in_user_code = False
+
+    def _parse(self, source: str, filename: str) -> tuple[ast.Module, str]:
+        """The cell's syntax tree, and the source it came from: a cell that is not Python but
+        IPython (%timeit, !cmd) runs as IPython would run it, against a shell made for ranks."""
+        try:
+            return ast.parse(source, filename), source
+        except SyntaxError as error:
+            python = rank_shell.transform(source)
+            if python is None:
+                raise
+            try:
+                tree = ast.parse(python, filename)
+            except SyntaxError:
+                raise error from None  # the cell's own error, not one in IPython's rewrite of it
+            self.namespace.setdefault("get_ipython", rank_shell.RankShell(self.namespace, self.device).get_ipython)
+            return tree, python
 
     def _finish(self, value: Any) -> Any:
         """``await`` at the top of a cell works as in a notebook: on one event loop that lives as
@@ -511,13 +527,6 @@ def describe_failure(rank: int, exc: BaseException, filename: str) -> RankFailur
             lineno, line = frame.lineno, frame.line or ""
     if isinstance(exc, SyntaxError) and exc.filename == filename:
         lineno, line = exc.lineno, (exc.text or "")
-        if _looks_like_ipython(line):
-            text += tr("(%magics, !shell commands and ? help are IPython syntax: they run in the kernel, not on "
-                       "the ranks, which run plain Python. Put them in a cell of their own.)") + "\n"
-            command = line.strip()[1:].strip() if line.strip().startswith("!") else ""
-            if command:  # on a cluster: which node has what
-                text += tr("(To run it on every rank: import subprocess; print(subprocess.run({command}, shell=True, "
-                           "capture_output=True, text=True).stdout))", command=repr(command)) + "\n"
     if any(sign in _safe_str(exc) for sign in _NO_GPU_SIGNS):
         text += tr("(This rank has no GPU to use. Code written for GPUs runs here on the CPU: use "
                    "init_process_group(\"gloo\") and the variable device, which every rank has (cpu here; "
@@ -583,11 +592,6 @@ def _ends_with_semicolon(source: str) -> bool:
     ignored = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT)
     meaningful = [t for t in tokens if t.type not in ignored]
     return bool(meaningful) and meaningful[-1].string == ";"
-
-
-def _looks_like_ipython(line: str) -> bool:
-    stripped = line.strip()
-    return stripped.startswith(("%", "!")) or (stripped.endswith("?") and not stripped.startswith("#"))
 
 
 def _safe_str(exc: BaseException) -> str:

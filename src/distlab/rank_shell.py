@@ -1,0 +1,282 @@
+"""IPython syntax in a ``%%dist`` cell: what ``%time``, ``%timeit``, ``%matplotlib`` and ``!cmd``
+mean on a rank.
+
+Why: notebooks written for one process time a line with ``%timeit``, start with ``%matplotlib
+inline`` or ask ``!hostname``; pasted under ``%%dist`` they were a SyntaxError on every rank. A
+rank runs Python, not IPython, so a cell that is not Python is handed to IPython's own input
+transformer (the one a notebook cell goes through) and runs against this small shell, which does
+on each rank what the line does in a notebook. What only the kernel can do (``%pip``, ``%who``,
+``?`` help) fails with a message saying so.
+
+``%timeit`` without ``-n`` picks its loop count by timing, and each rank would pick its own. When
+the statement runs a collective, ranks that disagree would call it a different number of times
+and hang; so the ranks that share the collective's group agree on each timing (the slowest rank's)
+before choosing. A statement without a collective is timed by each rank alone, so ``if rank == 0:
+%timeit ...`` works too.
+"""
+
+from __future__ import annotations
+
+import ast
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+from typing import Any
+
+from distlab.i18n import tr
+
+INSTALLERS = ("pip", "conda", "mamba", "micromamba", "uv")
+TIMEIT_TARGET = 0.2  # seconds one timing should take at least, as in IPython
+
+
+def transform(source: str) -> str | None:
+    """The cell as Python, as IPython would run it; None if IPython is not here or it changes nothing."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return None
+    try:
+        python = TransformerManager().transform_cell(source)
+    except Exception:  # noqa: BLE001 - IPython could not read it either: the SyntaxError stands
+        return None
+    return python if python != source else None
+
+
+class RankShell:
+    """``get_ipython()`` in a rank's cells: the magics that make sense on every rank."""
+
+    def __init__(self, namespace: dict[str, Any], device: Any = None) -> None:
+        self.user_ns = namespace
+        self.device = device
+
+    def get_ipython(self) -> RankShell:
+        return self
+
+    # --- what IPython's transformer writes -------------------------------------------------------
+    def run_line_magic(self, name: str, line: str, _stack_depth: int = 1) -> Any:
+        local_ns = _caller_locals(sys._getframe(_stack_depth), self.user_ns)
+        if name == "time":
+            return self._time(line, local_ns)
+        if name == "timeit":
+            return self._timeit(line, None, local_ns)
+        if name == "matplotlib":  # a rank's figures are drawn into the notebook already (distlab.rank_backend)
+            return None
+        raise _usage(_not_on_ranks("%" + name, line))
+
+    def run_cell_magic(self, name: str, line: str, cell: str) -> Any:
+        filename = sys._getframe(1).f_code.co_filename
+        if name == "time":
+            return self._time_cell(cell, filename)
+        if name == "timeit":
+            return self._timeit(line, cell, None)
+        raise _usage(_not_on_ranks("%%" + name, line))
+
+    def system(self, command: str) -> None:
+        """``!cmd``: run it in a shell, its output printed line by line (so labelled by rank)."""
+        self.user_ns["_exit_code"] = _stream(self._expand(command, sys._getframe(1)))
+
+    def getoutput(self, command: str, split: bool = True, depth: int = 0) -> Any:
+        """``lines = !cmd``: its output as IPython gives it (an SList of lines)."""
+        done = subprocess.run(self._expand(command, sys._getframe(1)), shell=True, capture_output=True, text=True,
+                              errors="replace", stdin=subprocess.DEVNULL)
+        text = done.stdout + done.stderr
+        if not split:
+            return text
+        try:
+            from IPython.utils.text import SList
+        except ImportError:  # pragma: no cover
+            return text.splitlines()
+        return SList(text.splitlines())
+
+    def _expand(self, command: str, frame: Any) -> str:
+        """``{expr}`` and ``$name`` filled from the cell's names, as IPython does for ``!cmd``."""
+        try:
+            from IPython.utils.text import DollarFormatter
+        except ImportError:  # pragma: no cover
+            return command
+        names = {**self.user_ns, **(_caller_locals(frame, self.user_ns) or {})}
+        try:
+            return DollarFormatter().vformat(command, args=[], kwargs=names)
+        except Exception:  # noqa: BLE001 - IPython too runs the command as written when it cannot fill it
+            return command
+
+    # --- %time ------------------------------------------------------------------------------------
+    def _time(self, line: str, local_ns: dict[str, Any] | None) -> Any:
+        tree = ast.parse(line.strip() or "pass", "<timed>")
+        expression = len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr)
+        code = compile(line.strip(), "<timed>", "eval") if expression else compile(tree, "<timed>", "exec")
+        return self._timed(code, local_ns)
+
+    def _time_cell(self, cell: str, filename: str) -> Any:
+        tree = ast.parse("\n" + cell, filename)  # the %%time line above: line numbers stay the cell's
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not cell.rstrip().endswith(";"):
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        start = _clocks()
+        exec(compile(tree, filename, "exec"), self.user_ns)  # noqa: S102 - the learner's own cell
+        value = eval(compile(last, filename, "eval"), self.user_ns) if last is not None else None  # noqa: S307
+        _print_times(start)
+        return value
+
+    def _timed(self, code: Any, local_ns: dict[str, Any] | None) -> Any:
+        start = _clocks()
+        try:
+            return eval(code, self.user_ns, local_ns)  # noqa: S307 - the learner's own line
+        finally:
+            _print_times(start)
+
+    # --- %timeit ----------------------------------------------------------------------------------
+    def _timeit(self, line: str, cell: str | None, local_ns: dict[str, Any] | None) -> Any:
+        options, statement = _timeit_options(line)
+        setup = "pass"
+        if cell is not None:
+            setup, statement = statement or "pass", cell
+        timer = timeit.Timer(statement or "pass", setup, globals={**self.user_ns, **(local_ns or {})})
+        repeat = options.get("r", 7)
+        number = options.get("n") or self._agreed_number(timer)  # -n 0: chosen by timing, as in IPython
+        runs = [t / number for t in timer.repeat(repeat, number)]
+        result = _timeit_result(number, repeat, runs, options.get("p", 3))
+        if "q" not in options:
+            print(result)
+        return result if "o" in options else None
+
+    def _agreed_number(self, timer: timeit.Timer) -> int:
+        """IPython's choice of loops (1, 10, 100, ... until a timing takes 0.2 s), each timing
+        agreed on by the ranks of the group the statement's collectives ran on."""
+        moved_before = _operation_counts()
+        elapsed = timer.timeit(1)
+        group = _moved_group(moved_before)
+        number, elapsed = 1, self._slowest(elapsed, group)
+        while elapsed < TIMEIT_TARGET and number < 10 ** 9:
+            number *= 10
+            elapsed = self._slowest(timer.timeit(number), group)
+        return number
+
+    def _slowest(self, seconds: float, group: Any) -> float:
+        if group is None:
+            return seconds
+        import torch
+        import torch.distributed as dist
+
+        device = self.device if dist.get_backend(group) == "nccl" else "cpu"
+        value = torch.tensor([seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        return float(value.item())
+
+
+def _usage(message: str) -> Exception:
+    """IPython's UsageError, the error a notebook gives for a magic it cannot run."""
+    from IPython.core.error import UsageError
+
+    return UsageError(message)
+
+
+def _caller_locals(frame: Any, namespace: dict[str, Any]) -> dict[str, Any] | None:
+    """The locals of the function a magic was written in (None at the top of the cell)."""
+    return None if frame.f_locals is frame.f_globals or frame.f_globals is not namespace else dict(frame.f_locals)
+
+
+def _not_on_ranks(magic: str, line: str) -> str:
+    what = f"{magic} {line}".strip()
+    name = magic.lstrip("%")
+    if name in ("pinfo", "pinfo2"):
+        what = f"{line}?"
+    if name in INSTALLERS:
+        return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. The ranks use the "
+                  "kernel's Python, so the next %%dist cell can import what it installed.", what=what)
+    return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may "
+              "use %time, %timeit, %matplotlib and !commands.", what=what)
+
+
+def _stream(command: str) -> int:
+    process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    assert process.stdout is not None
+    try:
+        for raw in iter(process.stdout.readline, b""):
+            sys.stdout.write(raw.decode(errors="replace"))
+            sys.stdout.flush()
+        return process.wait()
+    except BaseException:  # an interrupt: the command ends with the line that started it
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        process.stdout.close()
+
+
+def _clocks() -> tuple[float, float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times() counts 10 ms ticks
+    return usage.ru_utime, usage.ru_stime, time.perf_counter()
+
+
+def _print_times(start: tuple[float, float, float]) -> None:
+    user, system, wall = (now - then for now, then in zip(_clocks(), start, strict=True))
+    print(f"CPU times: user {_format_time(user)}, sys: {_format_time(system)}, total: {_format_time(user + system)}")
+    print(f"Wall time: {_format_time(wall)}")
+
+
+def _format_time(seconds: float, precision: int = 3) -> str:
+    """As IPython writes a duration: 3 significant digits in s, ms, µs or ns."""
+    if seconds >= 60.0:
+        minutes, rest = divmod(seconds, 60.0)
+        return f"{int(minutes)}min {rest:.{precision}g} s"
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("\u03bcs", 1e6), ("ns", 1e9)):
+        if seconds >= 1.0 / scale or unit == "ns":
+            return f"{seconds * scale:.{precision}g} {unit}"
+    return f"{seconds:.{precision}g} s"  # pragma: no cover
+
+
+def _timeit_options(line: str) -> tuple[dict[str, int], str]:
+    """``-n N -r R -p P -q -o`` at the front of ``line``, and the statement after them."""
+    options: dict[str, int] = {}
+    rest = line.strip()
+    while rest.startswith("-"):
+        word, _, after = rest.partition(" ")
+        flag, value = word[1:2], word[2:]
+        if flag in ("q", "o", "t", "c") and not value:
+            options[flag] = 1
+            rest = after.strip()
+            continue
+        if flag not in ("n", "r", "p"):
+            raise _usage(tr("%timeit on the ranks takes -n, -r, -p, -q and -o, not {word}", word=word))
+        if not value:
+            value, _, after = after.strip().partition(" ")
+        if not value.isdigit() or (flag != "n" and int(value) < 1):
+            raise _usage(tr("%timeit -{flag} needs a whole number, not {value!r}", flag=flag, value=value))
+        options[flag] = int(value)
+        rest = after.strip()
+    return options, rest
+
+
+def _timeit_result(number: int, repeat: int, runs: list[float], precision: int) -> Any:
+    """IPython's TimeitResult, which prints as a notebook's %timeit does (and is what -o returns)."""
+    try:
+        from IPython.core.magics.execution import TimeitResult
+    except ImportError:  # pragma: no cover
+        return f"{_format_time(statistics.mean(runs))} per loop ({repeat} runs, {number} loops each)"
+    return TimeitResult(number, repeat, min(runs), max(runs), [r * number for r in runs], 0.0, precision)
+
+
+def _operation_counts() -> dict[Any, int]:
+    """How many operations each of this rank's process groups has run (torch's own counter)."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        if not c10d.is_initialized():
+            return {}
+        return {group: group._get_sequence_number_for_group()  # type: ignore[attr-defined]
+                for group in list(c10d._world.pg_names)}
+    except Exception:  # noqa: BLE001 - a torch without these: each rank times alone
+        return {}
+
+
+def _moved_group(before: dict[Any, int]) -> Any:
+    """A group whose operations ran since ``before`` (None: the statement ran none)."""
+    after = _operation_counts()
+    moved = [group for group, count in after.items() if count != before.get(group, count)]
+    return moved[0] if moved else None
+
