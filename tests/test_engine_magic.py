@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kernel_session import KernelSession
@@ -417,6 +418,58 @@ def test_timeit_of_ranks_that_time_a_collective_differently_still_agrees_on_the_
     assert reply.stdout.count("agreed") == 4
 
 
+TORCHRUN_SCRIPT = """import argparse, sys
+import torch, torch.distributed as dist
+from helper import SCALE  # a module beside the script, as `torchrun train.py` finds it
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=float, default=1.0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    t = torch.ones(1) * args.scale * SCALE
+    dist.all_reduce(t)
+    print("total", dist.get_rank(), t.item(), sys.argv[1:])
+    dist.destroy_process_group()
+    return t.item()
+
+if __name__ == "__main__":
+    result = main()
+    sys.exit(0)
+"""
+
+SPAWN_SCRIPT = """import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def work(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.tensor([rank])
+    dist.all_reduce(t)
+    print("spawned", rank, t.item())
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(4,), nprocs=4)
+"""
+
+
+def test_run_starts_a_script_on_every_rank_as_torchrun_would(kernel: KernelSession, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(TORCHRUN_SCRIPT)
+    (tmp_path / "helper.py").write_text("SCALE = 2\n")
+    (tmp_path / "spawn.py").write_text(SPAWN_SCRIPT)
+    assert kernel.execute("%%dist\nimport sys\nargv_before = list(sys.argv)").error is None
+    reply = kernel.execute(f"%%dist\n%run {tmp_path / 'train.py'} --scale 3")
+    assert reply.error is None, reply.traceback
+    for rank in range(4):
+        assert f"[rank {rank}] total {rank} 24.0 ['--scale', '3']" in reply.stdout, reply.stdout
+    assert kernel.value("%dist_pull result") == [24.0] * 4  # the script's names are the cell's
+    reply = kernel.execute(f"%%dist\n%run {tmp_path / 'spawn.py'}")
+    assert reply.error is None, reply.traceback
+    assert "[rank 3] spawned 3 6" in reply.stdout, reply.stdout
+    reply = kernel.execute(f"%%dist\n%run {tmp_path / 'absent.py'}")
+    assert reply.error is not None and "No such file or directory" in reply.traceback
+    assert kernel.execute("%%dist\nargv_after = list(sys.argv)").error is None
+    assert kernel.value("%dist_pull argv_after") == kernel.value("%dist_pull argv_before")  # the rank's own again
+
+
 def test_a_cell_timed_whole_with_time_keeps_its_line_numbers(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\n%%time\nx = sum(range(10))\nx + rank")
     assert reply.error is None, reply.traceback
@@ -428,7 +481,7 @@ def test_a_cell_timed_whole_with_time_keeps_its_line_numbers(kernel: KernelSessi
 
 @pytest.mark.parametrize(("line", "said"), [
     ("%who", "%who runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may use "
-             "%time, %timeit, %matplotlib and !commands."),
+             "%time, %timeit, %run, %matplotlib and !commands."),
     ("dist.all_reduce?", "dist.all_reduce? runs in the kernel, not on the ranks"),
     ("%pip install nothing-here", "%pip install nothing-here runs in the kernel, not on the ranks: put it in a "
                                   "cell of its own. The ranks use the kernel's Python"),

@@ -18,7 +18,10 @@ before choosing. A statement without a collective is timed by each rank alone, s
 from __future__ import annotations
 
 import ast
+import os
 import resource
+import runpy
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,6 +67,8 @@ class RankShell:
             return self._timeit(line, None, local_ns)
         if name == "matplotlib":  # a rank's figures are drawn into the notebook already (distlab.rank_backend)
             return None
+        if name == "run":
+            return self._run(line)
         raise _usage(_not_on_ranks("%" + name, line))
 
     def run_cell_magic(self, name: str, line: str, cell: str) -> Any:
@@ -102,6 +107,40 @@ class RankShell:
             return DollarFormatter().vformat(command, args=[], kwargs=names)
         except Exception:  # noqa: BLE001 - IPython too runs the command as written when it cannot fill it
             return command
+
+    # --- %run ----------------------------------------------------------------------------------------
+    def _run(self, line: str) -> None:
+        """``%run script.py ARGS`` (or ``-m module``): the script as ``torchrun script.py ARGS`` would
+        run it on this rank, under ``__main__`` with its own ``sys.argv``; its names are then the
+        cell's (with ``-i`` it runs among them from the start, as IPython's %run does)."""
+        words = shlex.split(line)
+        shared = bool(words) and words[0] == "-i"
+        words = words[1:] if shared else words
+        if not words or (words[0] == "-m" and len(words) < 2) or (words[0].startswith("-") and words[0] != "-m"):
+            raise _usage(tr("%run on the ranks takes a script and its arguments (%run train.py --epochs 2), "
+                            "-i to run it among the cell's names, or -m module; not {line!r}", line=line))
+        argv, path = sys.argv, sys.path[:]
+        found: dict[str, Any] = {}
+        try:
+            if words[0] == "-m":
+                sys.argv = [words[1], *words[2:]]
+                found = runpy.run_module(words[1], run_name="__main__", alter_sys=True)
+            else:
+                script = os.path.abspath(words[0])
+                sys.argv = list(words)
+                sys.path.insert(0, os.path.dirname(script))  # as `python script.py`: its folder imports
+                with open(script, "rb") as handle:
+                    code = compile(handle.read(), script, "exec")
+                found = self.user_ns if shared else {"__name__": "__main__", "__file__": script,
+                                                     "__builtins__": __builtins__}
+                exec(code, found)  # noqa: S102 - the learner's own script
+        except SystemExit as done:  # a script's sys.exit(0) ends the script, not the rank
+            if done.code not in (None, 0):
+                raise
+        finally:
+            sys.argv, sys.path[:] = argv, path
+        if not shared:
+            self.user_ns.update({k: v for k, v in found.items() if not k.startswith("__")})
 
     # --- %time ------------------------------------------------------------------------------------
     def _time(self, line: str, local_ns: dict[str, Any] | None) -> Any:
@@ -188,7 +227,7 @@ def _not_on_ranks(magic: str, line: str) -> str:
         return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. The ranks use the "
                   "kernel's Python, so the next %%dist cell can import what it installed.", what=what)
     return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may "
-              "use %time, %timeit, %matplotlib and !commands.", what=what)
+              "use %time, %timeit, %run, %matplotlib and !commands.", what=what)
 
 
 def _stream(command: str) -> int:
