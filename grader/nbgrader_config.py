@@ -11,7 +11,6 @@ from nbgrader.preprocessors import (
     CheckCellMetadata,
     ClearHiddenTests,
     ClearOutput,
-    DeduplicateIds,
     GetGrades,
     IgnorePattern,
     LimitOutput,
@@ -19,7 +18,7 @@ from nbgrader.preprocessors import (
     SaveAutoGrades,
 )
 
-from distlab.grading.nbgrader_hooks import RestoreDeletedTests, TrustedExecute
+from distlab.grading.nbgrader_hooks import DropDuplicateIds, RestoreDeletedTests, TrustedExecute
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821 - provided by traitlets when it loads this file
 
@@ -39,7 +38,7 @@ c.TrustedExecute.part_timeout = 30.0
 # edited test cells are restored from the instructor's copy; deleted ones are put back and graded
 c.Autograde.sanitize_preprocessors = [
     ClearOutput,
-    DeduplicateIds,
+    DropDuplicateIds,  # a pasted copy of a graded cell: the last copy is graded, as nbgrader intends
     OverwriteKernelspec,
     RestoreDeletedTests,
     CheckCellMetadata,

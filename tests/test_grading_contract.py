@@ -10,6 +10,7 @@ and each gaming attempt nothing for the part it cheats on.
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -357,3 +358,31 @@ def test_a_file_that_is_no_notebook_is_named_not_graded_and_fails_the_run(tmp_pa
     assert "dee                          not graded: not a notebook: not text" in said
     assert "ada                          ex1_all_reduce_rs_ag          10/10" in said
     assert "graded 1 of 4 submissions" in said and "failed to grade: bob, cy, dee" in said
+
+
+def test_a_submission_with_copied_cells_is_graded_from_the_last_copy(tmp_path: Path) -> None:
+    """JupyterLab copies a cell with its nbgrader metadata: a student who pasted the answer cell
+    (and a visible test) to try things left two cells with one grade id. nbgrader 0.9 then failed
+    the whole submission (KeyError 'grade_id', not graded). As nbgrader intends, the last copy is
+    graded and the earlier ones are plain cells."""
+    solution = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+    answer = next(i for i, c in enumerate(solution.cells) if c.metadata.get("nbgrader", {}).get("solution"))
+    visible = next(i for i, c in enumerate(solution.cells) if c.metadata.get("nbgrader", {}).get("grade")
+                   and c.metadata["nbgrader"].get("locked"))
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for student, first_source in (("ada", None), ("bob", "def all_reduce_rs_ag(*args):\n    pass\n")):
+        nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+        pasted = [copy.deepcopy(nb.cells[visible]), copy.deepcopy(nb.cells[answer])]
+        for cell, new_id in zip(pasted, ("pasted-test", "pasted-answer"), strict=True):
+            cell.id = new_id  # a paste gets a fresh id and keeps the metadata
+        if first_source is not None:  # bob's first try stayed above; his working copy is the last
+            nb.cells[answer].source = first_source
+        nb.cells.insert(visible + 1, pasted[0])
+        nb.cells.insert(answer + 1, pasted[1])
+        nbformat.write(nb, inbox / f"{student}.ipynb")
+    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"), "--jobs", "1")
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "ada                          ex1_all_reduce_rs_ag          10/10" in said, said
+    assert "bob                          ex1_all_reduce_rs_ag          10/10" in said, said

@@ -19,7 +19,7 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_output
 from nbgrader.api import MissingEntry
-from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
+from nbgrader.preprocessors import ClearHiddenTests, DeduplicateIds, NbGraderPreprocessor, OverwriteCells
 from nbgrader.utils import compute_checksum
 from traitlets import Float, List, Unicode
 
@@ -112,6 +112,22 @@ class TrustedExecute(NbGraderPreprocessor):
 def _error(name: str, message: str) -> Any:
     lines = message.splitlines() or [""]
     return new_output("error", ename=name, evalue=lines[0], traceback=[f"{name}: {lines[0]}", *lines[1:]])
+
+
+class DropDuplicateIds(DeduplicateIds):
+    """nbgrader's DeduplicateIds, leaving the earlier copies plain cells.
+
+    JupyterLab copies a cell with its metadata, so a student who pasted the answer cell (or a
+    test) to try something hands in two cells with one grade id. nbgrader keeps the last copy and
+    empties the others' ``nbgrader`` metadata, which its OverwriteCells then reads a grade id from
+    (nbgrader 0.9: KeyError, the whole submission not graded). Here the emptied metadata goes.
+    """
+
+    def preprocess_cell(self, cell: Any, resources: Any, index: int) -> tuple[Any, Any]:
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        if cell.metadata.get("nbgrader") == {}:
+            del cell.metadata["nbgrader"]
+        return cell, resources
 
 
 class RestoreDeletedTests(OverwriteCells):
