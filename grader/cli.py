@@ -61,6 +61,7 @@ def _read_submission(path: Path) -> dict[str, object]:
 def _assignment_of(notebook: dict[str, object], wanted: str | None) -> str | None:
     """The assignment a submitted notebook belongs to: by its answer cells' ids, whatever its name."""
     from distlab.grading.catalog import ENTRIES, entry
+    from distlab.grading.extract import defines
 
     if wanted:
         return entry(wanted).assignment
@@ -74,7 +75,10 @@ def _assignment_of(notebook: dict[str, object], wanted: str | None) -> str | Non
     for known in ENTRIES:
         if ids & set(known.solution_ids):
             return known.assignment
-    return None
+    # no answer id at all (a tool dropped the cells' metadata): the function the cells define
+    defined = [known.assignment for known in ENTRIES
+               if any(isinstance(c, dict) and defines(c, known.function) for c in cells)]
+    return defined[0] if len(defined) == 1 else None
 
 
 # --- release --------------------------------------------------------------------------------------
@@ -115,6 +119,9 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 # --- autograde ------------------------------------------------------------------------------------
 def cmd_autograde(args: argparse.Namespace) -> int:
+    from distlab.grading.catalog import entry
+    from distlab.grading.extract import recover_answer_cell
+
     given = Path(args.submissions)
     try:
         folder, skipped = gather(given, Path(args.course))
@@ -143,7 +150,13 @@ def cmd_autograde(args: argparse.Namespace) -> int:
             print(f"skipped {path}: it has no answer cell of any known assignment (a notebook of something "
                   f"else, or its answer cell was deleted: grade it with -a ASSIGNMENT)", file=sys.stderr)
             continue
-        jobs.append(course.submit(inbox.student_id(path, taken.setdefault(name, set())), name, path))
+        student = inbox.student_id(path, taken.setdefault(name, set()))
+        known = entry(name)
+        recovered = recover_answer_cell(notebook, known.solution_ids, known.function)
+        if recovered is not None:
+            print(f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): "
+                  f"graded from cell {recovered + 1}, which defines {known.function}", file=sys.stderr)
+        jobs.append(course.submit(student, name, path, notebook if recovered is not None else None))
     started = time.monotonic()
     # the trusted checks start first; nbgrader sets up and then autogrades each submission as
     # soon as its result is there, one at a time (the gradebook has one writer)

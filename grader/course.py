@@ -9,6 +9,7 @@ only ever written from one process at a time.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -128,14 +129,18 @@ class Course:
             path.write_text(text)
 
     # --- submissions -------------------------------------------------------------------------------
-    def submit(self, student: str, assignment: str, notebook: Path) -> Job:
-        """File a notebook as submitted/<student>/<assignment>/<assignment>.ipynb."""
+    def submit(self, student: str, assignment: str, notebook: Path, repaired: dict[str, Any] | None = None) -> Job:
+        """File a notebook as submitted/<student>/<assignment>/<assignment>.ipynb (``repaired``:
+        the notebook's JSON to file instead of its bytes)."""
         folder = self.root / "submitted" / student / assignment
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         target = folder / f"{assignment}.ipynb"
-        shutil.copyfile(notebook, target)
+        if repaired is None:
+            shutil.copyfile(notebook, target)
+        else:
+            target.write_text(json.dumps(repaired, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         return Job(student, assignment, target)
 
     def autograde(self, job: Job) -> str | None:

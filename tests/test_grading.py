@@ -387,3 +387,20 @@ def test_a_submission_that_cannot_load_fails_every_part_at_once() -> None:
     assert [p.passed for p in result.parts] == [False] * len(EX1.parts)
     assert all("does not compile: line 2" in p.message for p in result.parts)
     assert sum(p.seconds for p in result.parts[1:]) == 0  # only the first part started ranks
+
+
+def test_an_answer_cell_without_its_id_is_the_last_cell_defining_the_function() -> None:
+    from distlab.grading.extract import recover_answer_cell, solution_source
+
+    def cell(source: str, grade_id: str | None = None, kind: str = "code") -> dict:
+        meta = {"nbgrader": {"grade_id": grade_id, "locked": True}} if grade_id else {}
+        return {"cell_type": kind, "source": source, "metadata": meta}
+
+    nb = {"cells": [cell("def f(x):\n    return 0", kind="markdown"), cell("def f(x):\n    return 1"),
+                    cell("assert f(1) == 2", grade_id="test_f"), cell("%%dist\ndef f(x):\n    return 2"),
+                    cell("print(f(1))")]}
+    assert recover_answer_cell(nb, ("f",), "f") == 3
+    assert solution_source(nb, ("f",)) == "%%dist\ndef f(x):\n    return 2"
+    assert recover_answer_cell(nb, ("f",), "f") is None  # it has its id now: nothing more to do
+    assert recover_answer_cell({"cells": [cell("def g(): pass")]}, ("f",), "f") is None
+    assert recover_answer_cell({"cells": [cell("def f(): pass")]}, ("f", "f_helpers"), "f") is None

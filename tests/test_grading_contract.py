@@ -386,3 +386,28 @@ def test_a_submission_with_copied_cells_is_graded_from_the_last_copy(tmp_path: P
     assert done.returncode == 0, said
     assert "ada                          ex1_all_reduce_rs_ag          10/10" in said, said
     assert "bob                          ex1_all_reduce_rs_ag          10/10" in said, said
+
+
+def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_defines(tmp_path: Path) -> None:
+    """A notebook saved by a tool that drops cell metadata (ada), or whose answer cell was deleted
+    and typed again as a new cell (bob), had no answer to grade: ada's was skipped as "no answer
+    cell of any known assignment", bob got 0. The cell that defines the graded function is the
+    answer, and the instructor is told so."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    stripped = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+    for cell in stripped.cells:
+        cell.metadata = nbformat.NotebookNode()
+    nbformat.write(stripped, inbox / "ada.ipynb")
+    retyped = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+    answer = next(c for c in retyped.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    retyped.cells.remove(answer)
+    retyped.cells.append(nbformat.v4.new_code_cell(answer.source))
+    nbformat.write(retyped, inbox / "bob.ipynb")
+    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"))
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    for student in ("ada", "bob"):
+        assert f"{student}                          ex1_all_reduce_rs_ag          10/10" in said, said
+        assert f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): graded " \
+               f"from cell " in said, said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,3 +22,37 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
             source = cell.get("source", "")
             parts.append("".join(source) if isinstance(source, list) else str(source))
     return "\n\n".join(parts)
+
+
+def _source(cell: Any) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def defines(cell: Any, function: str) -> bool:
+    """Whether a code cell defines ``function`` at its top level (read as text: a cell need not be
+    plain Python to hold the answer)."""
+    found = re.search(rf"^(?:async\s+)?def\s+{re.escape(function)}\s*\(", _source(cell), flags=re.MULTILINE)
+    return cell.get("cell_type") == "code" and found is not None
+
+
+def recover_answer_cell(nb: Any, solution_ids: Sequence[str], function: str) -> int | None:
+    """Give the answer cell its nbgrader id back when a tool dropped the cells' metadata.
+
+    Some editors and converters (a round trip through a script, some hosted notebooks) keep the
+    cells and lose their ``nbgrader`` metadata; without its id the answer would be graded as
+    missing. When no cell carries an answer id (and the exercise has one answer cell), the last
+    code cell without an id that defines ``function`` becomes the answer cell. Returns its index,
+    or None when nothing was missing or nothing could stand in.
+    """
+    cells = nb.get("cells", [])
+    ids = [cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") for cell in cells]
+    if len(solution_ids) != 1 or set(ids) & set(solution_ids):
+        return None
+    found = [i for i, cell in enumerate(cells) if ids[i] is None and defines(cell, function)]
+    if not found:
+        return None
+    metadata = cells[found[-1]].setdefault("metadata", {})
+    metadata["nbgrader"] = type(metadata)(grade=False, grade_id=solution_ids[0], locked=False, schema_version=3,
+                                          solution=True, task=False)
+    return found[-1]
