@@ -418,7 +418,7 @@ def test_timeit_of_ranks_that_time_a_collective_differently_still_agrees_on_the_
     assert reply.stdout.count("agreed") == 4
 
 
-TORCHRUN_SCRIPT = """import argparse, sys
+TRAIN_PY = """import argparse, sys
 import torch, torch.distributed as dist
 from helper import SCALE  # a module beside the script, as `torchrun train.py` finds it
 
@@ -438,7 +438,7 @@ if __name__ == "__main__":
     sys.exit(0)
 """
 
-SPAWN_SCRIPT = """import torch, torch.distributed as dist, torch.multiprocessing as mp
+SPAWN_PY = """import torch, torch.distributed as dist, torch.multiprocessing as mp
 
 def work(rank, world_size):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -452,9 +452,9 @@ if __name__ == "__main__":
 
 
 def test_run_starts_a_script_on_every_rank_as_torchrun_would(kernel: KernelSession, tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text(TORCHRUN_SCRIPT)
+    (tmp_path / "train.py").write_text(TRAIN_PY)
     (tmp_path / "helper.py").write_text("SCALE = 2\n")
-    (tmp_path / "spawn.py").write_text(SPAWN_SCRIPT)
+    (tmp_path / "spawn.py").write_text(SPAWN_PY)
     assert kernel.execute("%%dist\nimport sys\nargv_before = list(sys.argv)").error is None
     reply = kernel.execute(f"%%dist\n%run {tmp_path / 'train.py'} --scale 3")
     assert reply.error is None, reply.traceback
