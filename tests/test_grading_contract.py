@@ -411,3 +411,29 @@ def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_de
         assert f"{student}                          ex1_all_reduce_rs_ag          10/10" in said, said
         assert f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): graded " \
                f"from cell " in said, said
+
+
+def test_ipython_lines_left_in_an_answer_cell_do_not_cost_the_answer(tmp_path: Path) -> None:
+    """The answer cell ran in IPython, so a student may leave `%%time` on top, a `!pip install`
+    line or a `%timeit` of their function in it: the grader read the cell as Python and every part
+    scored 0 (a SyntaxError). Those lines do nothing when graded; the function is what counts."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    edits = {
+        "ada": lambda source: "%%time\n" + source,
+        "bob": lambda source: "!pip install --quiet numpy\n%matplotlib inline\n" + source
+                              + "\nt = torch.ones(3)\n%timeit -n 1 -r 1 all_reduce_rs_ag(t)\nx = %time 1 + 1\n",
+        "cy": lambda source: source.replace('    """All-reduce', '    %time pass\n    """All-reduce', 1),
+    }
+    for student, edit in edits.items():
+        nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+        answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+        answer.source = edit(answer.source)
+        assert answer.source != nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4).cells[
+            nb.cells.index(answer)].source
+        nbformat.write(nb, inbox / f"{student}.ipynb")
+    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"))
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    for student in edits:
+        assert f"{student:<28} ex1_all_reduce_rs_ag          10/10" in said, said

@@ -144,10 +144,7 @@ class RankShell:
 
     # --- %time ------------------------------------------------------------------------------------
     def _time(self, line: str, local_ns: dict[str, Any] | None) -> Any:
-        tree = ast.parse(line.strip() or "pass", "<timed>")
-        expression = len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr)
-        code = compile(line.strip(), "<timed>", "eval") if expression else compile(tree, "<timed>", "exec")
-        return self._timed(code, local_ns)
+        return self._timed(_line_code(line), local_ns)
 
     def _time_cell(self, cell: str, filename: str) -> Any:
         tree = ast.parse("\n" + cell, filename)  # the %%time line above: line numbers stay the cell's
@@ -204,6 +201,64 @@ class RankShell:
         value = torch.tensor([seconds], dtype=torch.float64, device=device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
         return float(value.item())
+
+
+class InertShell:
+    """``get_ipython()`` where a graded answer cell runs (distlab.grading.harness).
+
+    A student's answer cell ran in IPython, and lines left in it (``%timeit f(t)``, ``!pip
+    install ...``, ``%matplotlib inline``, ``%%time`` on top) made the whole cell a SyntaxError for
+    the grader: every part 0. Graded, those lines do nothing, except that ``%time`` runs its
+    statement, so the cell defines what it defined in the student's notebook. Nothing is timed,
+    printed or started: a grading rank may start no process.
+    """
+
+    def get_ipython(self) -> InertShell:
+        return self
+
+    def run_line_magic(self, name: str, line: str, _stack_depth: int = 1) -> Any:
+        if name != "time":
+            return None
+        frame = sys._getframe(_stack_depth)
+        return eval(_line_code(line), frame.f_globals, frame.f_locals)  # noqa: S307 - the student's own line
+
+    def run_cell_magic(self, name: str, line: str, cell: str) -> None:
+        return None
+
+    def system(self, command: str) -> None:
+        return None
+
+    def getoutput(self, command: str, split: bool = True, depth: int = 0) -> list[str]:
+        return []
+
+
+def as_python(source: str) -> str | None:
+    """A graded answer cell as Python when it is IPython: a cell magic on its first line (``%%time``)
+    becomes a blank line, so the body is the answer and keeps its line numbers, and the rest is
+    read by IPython's transformer. None when it is Python already or cannot be read either way."""
+    try:
+        compile(source, "<answer>", "exec")
+        return None
+    except SyntaxError:
+        pass
+    lines = source.splitlines(True)
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and lines[first].lstrip().startswith("%%"):
+        lines[first] = "\n"
+    python = transform("".join(lines)) or "".join(lines)
+    try:
+        compile(python, "<answer>", "exec")
+    except SyntaxError:
+        return None
+    return python
+
+
+def _line_code(line: str) -> Any:
+    """A magic's line compiled as IPython runs it: an expression gives its value, else statements."""
+    tree = ast.parse(line.strip() or "pass", "<timed>")
+    if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
+        return compile(line.strip(), "<timed>", "eval")
+    return compile(tree, "<timed>", "exec")
 
 
 def _usage(message: str) -> Exception:

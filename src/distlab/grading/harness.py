@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from distlab import confine
+from distlab import confine, rank_shell
 from distlab.errors import SubmissionFailed, SubmissionNotLoaded
 from distlab.grading import sandbox
 from distlab.grading.guard import CommGuard
@@ -49,12 +49,15 @@ def load_namespace(submission: Submission, guard: CommGuard) -> dict[str, Any]:
         return {submission.function: submission.fn}
     namespace: dict[str, Any] = {"__name__": "__submission__", "__builtins__": builtins}
     exec(compile(submission.setup_source, "<setup cell>", "exec"), namespace)
-    # after the trusted setup, before the student's code; the rank's TMPDIR is its own (launcher)
-    sandbox.install(submission.protected, (tempfile.gettempdir(), *confine.SHARED_WRITABLE))
     source = submission.source or ""
     linecache.cache[SUBMISSION_FILE] = (len(source), None, source.splitlines(True), SUBMISSION_FILE)
+    python = rank_shell.as_python(source)  # %timeit or !pip left in the cell: read before the sandbox
+    if python is not None:
+        namespace["get_ipython"] = rank_shell.InertShell().get_ipython
+    # after the trusted setup, before the student's code; the rank's TMPDIR is its own (launcher)
+    sandbox.install(submission.protected, (tempfile.gettempdir(), *confine.SHARED_WRITABLE))
     try:
-        code = compile(source, SUBMISSION_FILE, "exec")
+        code = compile(source if python is None else python, SUBMISSION_FILE, "exec")
     except SyntaxError as exc:
         raise SubmissionNotLoaded(f"your solution cell does not compile: line {exc.lineno}: {exc.msg}") from None
     with guard.watch() as log:
