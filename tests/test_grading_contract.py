@@ -413,10 +413,12 @@ def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_de
                f"from cell " in said, said
 
 
-def test_ipython_lines_left_in_an_answer_cell_do_not_cost_the_answer(tmp_path: Path) -> None:
+def test_what_a_student_leaves_around_the_function_does_not_cost_the_answer(tmp_path: Path) -> None:
     """The answer cell ran in IPython, so a student may leave `%%time` on top, a `!pip install`
     line or a `%timeit` of their function in it: the grader read the cell as Python and every part
-    scored 0 (a SyntaxError). Those lines do nothing when graded; the function is what counts."""
+    scored 0 (a SyntaxError). Those lines do nothing when graded; the function is what counts. So
+    with a demo at the end that starts ranks (dee), which a grading rank may not: the cell raises
+    after defining the function, and nbgrader grades what a cell defined before it raised."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     edits = {
@@ -424,6 +426,8 @@ def test_ipython_lines_left_in_an_answer_cell_do_not_cost_the_answer(tmp_path: P
         "bob": lambda source: "!pip install --quiet numpy\n%matplotlib inline\n" + source
                               + "\nt = torch.ones(3)\n%timeit -n 1 -r 1 all_reduce_rs_ag(t)\nx = %time 1 + 1\n",
         "cy": lambda source: source.replace('    """All-reduce', '    %time pass\n    """All-reduce', 1),
+        "dee": lambda source: source + "\n\ndef demo():\n    t = torch.arange(5.0)\n    all_reduce_rs_ag(t)\n"
+                                       "    return t\n\n\nprint(distlab.run(demo, world_size=3))\n",
     }
     for student, edit in edits.items():
         nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)

@@ -60,14 +60,19 @@ def load_namespace(submission: Submission, guard: CommGuard) -> dict[str, Any]:
         code = compile(source if python is None else python, SUBMISSION_FILE, "exec")
     except SyntaxError as exc:
         raise SubmissionNotLoaded(f"your solution cell does not compile: line {exc.lineno}: {exc.msg}") from None
+    raised: BaseException | None = None
     with guard.watch() as log:
         try:
             exec(code, namespace)
         except BaseException as exc:  # noqa: BLE001 - anything the cell raises is feedback
-            raise SubmissionNotLoaded(f"running your solution cell raised {_describe(exc)}") from None
+            raised = exc
     if log["ops"]:
         raise SubmissionNotLoaded("your solution cell communicates when it is run; "
                                   "do all communication inside the function")
+    # a cell that raised after defining the function (a demo at its end that starts ranks, which
+    # a grading rank may not) is graded as nbgrader grades it: by what it defined
+    if raised is not None and not callable(namespace.get(submission.function)):
+        raise SubmissionNotLoaded(f"running your solution cell raised {_describe(raised)}")
     return namespace
 
 
