@@ -108,6 +108,36 @@ CELLS = [
     ),
     md(
         """
+        ### A quick stopwatch: `%timeit` on every rank
+
+        IPython's `%timeit` works in a `%%dist` cell: each rank times the line and prints its
+        own result. Left to itself, `%timeit` picks how many loops to run from its own clock, and
+        each rank would pick its own number: rank 0 might settle on 1,000 calls and rank 3 on
+        10,000. A collective needs every rank to call it the same number of times, so the
+        ranks that ran out of calls would wait for ever. The kit makes the ranks agree: each
+        trial's time is the slowest rank's, so all of them pick the same count.
+        """
+    ),
+    dist(
+        """
+        t = torch.ones(1024, device=device)  # 4 KiB
+
+
+        def all_reduce_and_wait():
+            dist.all_reduce(t)
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # NCCL returns before the GPU has finished
+
+
+        %timeit -r 3 all_reduce_and_wait()
+        """
+    ),
+    md(
+        """
+        Each line is one rank's mean and spread. `%timeit` starts the ranks together only once,
+        repeats the call, and reports every rank: good for a quick look, not for a table you
+        publish. The sweep below does the careful version.
+
         ### A size sweep
 
         `distlab.bench.sweep` starts fresh ranks for each operation, runs the warm-up / barrier /
@@ -219,6 +249,9 @@ CELLS = [
           set-up, not communication.
         - **Timing one rank.** Report the slowest rank: the collective is done only when all
           are.
+        - **A loop count from each rank's own clock** ("repeat until 0.2 s have passed"). The
+          ranks stop after different numbers of calls and the collective deadlocks. Fix the
+          count, or agree on it first (the kit's `%timeit` does).
         - **Too few repetitions** for small messages: the timer's resolution and noise dominate.
         - **Comparing algbw across world sizes.** Use busbw for that (notebook 09).
         - **Trusting a single run.** Other programs share this machine; run twice and compare.
