@@ -1,8 +1,9 @@
-"""IPython syntax in a ``%%dist`` cell: what ``%time``, ``%timeit``, ``%matplotlib`` and ``!cmd``
-mean on a rank.
+"""IPython syntax in a ``%%dist`` cell: what ``%time``, ``%timeit``, ``%run``, ``%matplotlib`` and
+``!cmd`` mean on a rank (``RankShell``), and in a graded answer cell (``InertShell``: nothing).
 
 Why: notebooks written for one process time a line with ``%timeit``, start with ``%matplotlib
-inline`` or ask ``!hostname``; pasted under ``%%dist`` they were a SyntaxError on every rank. A
+inline``, ask ``!hostname`` or ``%run train.py``; pasted under ``%%dist`` they were a SyntaxError on
+every rank. A
 rank runs Python, not IPython, so a cell that is not Python is handed to IPython's own input
 transformer (the one a notebook cell goes through) and runs against this small shell, which does
 on each rank what the line does in a notebook. What only the kernel can do (``%pip``, ``%who``,

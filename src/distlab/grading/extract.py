@@ -1,4 +1,5 @@
-"""Pull the graded answer out of a submitted notebook: only the answer cells, by nbgrader id."""
+"""Pull the graded answer out of a submitted notebook: only the answer cells, by nbgrader id (or,
+when a tool dropped the ids, by the function a cell defines)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
     for cell in nb.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") == "code" and meta.get("grade_id") in solution_ids:
-            source = cell.get("source", "")
-            parts.append("".join(source) if isinstance(source, list) else str(source))
+            parts.append(_source(cell))
     return "\n\n".join(parts)
 
 
