@@ -56,7 +56,7 @@ class BetweenCells:
     def _read(self, fd: int, rank: int, conn: Connection, handle: Handle, refused: Refused) -> None:
         try:
             for _ in range(BATCH):  # then back to the loop, which calls again while more is waiting
-                if not conn.poll(0):
+                if not protocol.waiting(conn):
                     break
                 handle(rank, protocol.recv(conn))
                 self.seen = True

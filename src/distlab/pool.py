@@ -676,7 +676,7 @@ class _Waiter:
         for conn in pool.hub.wait(list(conns), timeout):
             rank = conns[conn]
             try:
-                while rank in self.pending and conn.poll(0):
+                while rank in self.pending and protocol.waiting(conn):
                     self._handle(rank, protocol.recv(conn))
             except (EOFError, OSError):
                 self.lost[rank] = None

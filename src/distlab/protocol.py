@@ -21,6 +21,7 @@ import hmac
 import io
 import os
 import pickle
+import select
 import socket
 from dataclasses import dataclass, field
 from enum import Enum
@@ -328,6 +329,14 @@ def send(conn: Connection, message: Message) -> None:
 
 def recv(conn: Connection) -> Message:
     return decode(conn.recv_bytes())
+
+
+def waiting(conn: Connection) -> bool:
+    """Is a message (or the peer's end) waiting? ``conn.poll(0)`` answers the same but builds a
+    selector each time, and the kernel and the ranks ask several times per cell."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class HandshakeFailed(ConnectionError):

@@ -182,7 +182,7 @@ class Rank:
         self.in_user_code = True
         try:
             cancelled = False
-            while self.conn.poll(0):
+            while protocol.waiting(self.conn):
                 message = protocol.recv(self.conn)
                 if isinstance(message, protocol.Cancel):
                     cancelled |= message.task == task
@@ -585,6 +585,8 @@ def threads_per_rank(local_world: int) -> int:
 
 def _ends_with_semicolon(source: str) -> bool:
     """``x;`` at the end of a cell shows nothing, as in a notebook (``plt.plot(...);``)."""
+    if ";" not in source:  # most cells: no need to tokenize them
+        return False
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):
