@@ -38,7 +38,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from distlab import codeship, follow, protocol, rank_display, rank_io, rank_shell, scripts
+from distlab import codeship, follow, protocol, rank_display, rank_io, scripts
 from distlab.errors import SubmissionFailed, TransferFailed
 from distlab.i18n import tr
 from distlab.protocol import (
@@ -432,6 +432,9 @@ class Rank:
         try:
             return ast.parse(source, filename), source
         except SyntaxError as error:
+            # imported by the first such cell, not by every cold start
+            from distlab import rank_shell
+
             python = rank_shell.transform(source)
             if python is None:
                 raise
