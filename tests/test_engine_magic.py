@@ -470,6 +470,29 @@ def test_run_starts_a_script_on_every_rank_as_torchrun_would(kernel: KernelSessi
     assert kernel.value("%dist_pull argv_after") == kernel.value("%dist_pull argv_before")  # the rank's own again
 
 
+def test_env_cd_and_pwd_lines_act_on_each_ranks_own_environment_and_folder(kernel: KernelSession,
+                                                                           tmp_path: Path) -> None:
+    """Pasted notebook code sets a variable with ``%env`` or moves with ``%cd``: on a rank they act
+    as IPython's would, on that rank, with ``{rank}`` filled in; the kernel's next change wins."""
+    for rank in range(4):
+        (tmp_path / f"r{rank}").mkdir()
+    before = kernel.execute("%%dist\nimport os\nfolder_before = os.getcwd()")
+    assert before.error is None, before.traceback
+    reply = kernel.execute(f"%%dist\n%env DEMO_SEED={{rank * 10}}\n%cd -q {tmp_path}/r{{rank}}\n"
+                           "here = %pwd\nseed = %env DEMO_SEED\n"
+                           "print(os.path.basename(here), seed, os.environ['DEMO_SEED'])")
+    assert reply.error is None and reply.stderr == "", reply.traceback
+    for rank in range(4):
+        assert f"[rank {rank}] env: DEMO_SEED={rank * 10}\n" in reply.stdout, reply.stdout
+        assert f"[rank {rank}] r{rank} {rank * 10} {rank * 10}\n" in reply.stdout, reply.stdout
+    reply = kernel.execute("%%dist\n%env NOT_SET_ANYWHERE")
+    assert reply.error is not None and "Environment does not have key: NOT_SET_ANYWHERE" in reply.traceback
+    back = kernel.execute("%%dist\n%cd -\nos.environ.pop('DEMO_SEED')\nfolder_after = os.getcwd()")
+    assert back.error is None, back.traceback
+    assert kernel.value("%dist_pull folder_after") == kernel.value("%dist_pull folder_before")
+    assert f"[rank 2] {kernel.value('%dist_pull folder_before')[2]}\n" in back.stdout, back.stdout
+
+
 def test_a_cell_timed_whole_with_time_keeps_its_line_numbers(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist\n%%time\nx = sum(range(10))\nx + rank")
     assert reply.error is None, reply.traceback
@@ -481,7 +504,7 @@ def test_a_cell_timed_whole_with_time_keeps_its_line_numbers(kernel: KernelSessi
 
 @pytest.mark.parametrize(("line", "said"), [
     ("%who", "%who runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may use "
-             "%time, %timeit, %run, %matplotlib and !commands."),
+             "%time, %timeit, %run, %env, %cd, %pwd, %matplotlib and !commands."),
     ("dist.all_reduce?", "dist.all_reduce? runs in the kernel, not on the ranks"),
     ("%pip install nothing-here", "%pip install nothing-here runs in the kernel, not on the ranks: put it in a "
                                   "cell of its own. The ranks use the kernel's Python"),

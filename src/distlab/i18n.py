@@ -158,9 +158,11 @@ ZH: dict[str, str] = {
         "{what} 在 kernel 里运行，不在各个 rank 上运行：请把它放到单独的单元格里。各个 rank 用的是 kernel 的 Python，"
         "所以下一个 %%dist 单元格就能 import 刚装好的包。",
     "{what} runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may use "
-    "%time, %timeit, %run, %matplotlib and !commands.":
+    "%time, %timeit, %run, %env, %cd, %pwd, %matplotlib and !commands.":
         "{what} 在 kernel 里运行，不在各个 rank 上运行：请把它放到单独的单元格里。在 rank 上，单元格可以用 "
-        "%time、%timeit、%run、%matplotlib 和 !命令。",
+        "%time、%timeit、%run、%env、%cd、%pwd、%matplotlib 和 !命令。",
+    "%cd on the ranks takes one folder, not {line!r}":
+        "rank 上的 %cd 只接受一个文件夹，不接受 {line!r}",
     "%run on the ranks takes a script and its arguments (%run train.py --epochs 2), -i to run it among the "
     "cell's names, or -m module; not {line!r}":
         "rank 上的 %run 接受一个脚本及其参数（%run train.py --epochs 2）、-i（在单元格的变量之中运行），"

@@ -55,6 +55,7 @@ class RankShell:
     def __init__(self, namespace: dict[str, Any], device: Any = None) -> None:
         self.user_ns = namespace
         self.device = device
+        self._previous = ""  # the folder before the last %cd (for %cd -)
 
     def get_ipython(self) -> RankShell:
         return self
@@ -68,8 +69,16 @@ class RankShell:
             return self._timeit(line, None, local_ns)
         if name == "matplotlib":  # a rank's figures are drawn into the notebook already (distlab.rank_backend)
             return None
+        if name in _EXPANDED:  # IPython fills {expr} and $name into these lines (not into %time/%timeit)
+            line = self._expand(line, sys._getframe(_stack_depth))
         if name == "run":
             return self._run(line)
+        if name in ("env", "set_env"):
+            return _env(line, setting=name == "set_env")
+        if name == "cd":
+            return self._cd(line)
+        if name == "pwd":
+            return os.getcwd()
         raise _usage(_not_on_ranks("%" + name, line))
 
     def run_cell_magic(self, name: str, line: str, cell: str) -> Any:
@@ -108,6 +117,27 @@ class RankShell:
             return DollarFormatter().vformat(command, args=[], kwargs=names)
         except Exception:  # noqa: BLE001 - IPython too runs the command as written when it cannot fill it
             return command
+
+    # --- %cd -----------------------------------------------------------------------------------------
+    def _cd(self, line: str) -> None:
+        """``%cd DIR`` as in IPython (``%cd`` alone: home; ``%cd -``: the folder before; ``-q``: quietly).
+        The rank's own folder from then on, until the kernel changes its own (distlab.follow)."""
+        words = shlex.split(line)
+        quiet = "-q" in words
+        words = [w for w in words if w != "-q"]
+        if len(words) > 1:
+            raise _usage(tr("%cd on the ranks takes one folder, not {line!r}", line=line))
+        target = words[0] if words else "~"
+        if target == "-":
+            target = self._previous or os.getcwd()
+        before = os.getcwd()
+        try:
+            os.chdir(os.path.expanduser(target))
+        except OSError as exc:
+            raise _usage(f"{target}: {exc.strerror}") from None
+        self._previous = before
+        if not quiet:
+            print(os.getcwd())
 
     # --- %run ----------------------------------------------------------------------------------------
     def _run(self, line: str) -> None:
@@ -254,6 +284,33 @@ def as_python(source: str) -> str | None:
     return python
 
 
+_EXPANDED = frozenset({"run", "env", "set_env", "cd"})
+
+
+def _env(line: str, setting: bool) -> Any:
+    """``%env`` (every variable, secrets hidden), ``%env NAME`` (its value), ``%env NAME=VALUE`` or
+    ``%env NAME VALUE`` and ``%set_env ...`` (set it, saying so): IPython's rules, on this rank's
+    environment, which is the rank's own until the kernel changes the same name (distlab.follow)."""
+    text = line.strip()
+    split = "=" if "=" in text else " "
+    name, _, value = text.partition(split)
+    name, value = name.strip(), value.strip()
+    if not text and not setting:
+        return {key: "<hidden>" if any(s in key.lower() for s in ("key", "token", "secret")) else val
+                for key, val in os.environ.items()}
+    if split not in text:
+        if setting:
+            raise _usage("usage is 'set_env var=val'")
+        if name not in os.environ:
+            raise _usage(f"Environment does not have key: {name}")
+        return os.environ[name]
+    if not name or any(ch.isspace() for ch in name):
+        raise _usage(f"refusing to set env var with whitespace: {value!r}")
+    os.environ[name] = value
+    print(f"env: {name}={value}")
+    return None
+
+
 def _line_code(line: str) -> Any:
     """A magic's line compiled as IPython runs it: an expression gives its value, else statements."""
     tree = ast.parse(line.strip() or "pass", "<timed>")
@@ -282,8 +339,8 @@ def _not_on_ranks(magic: str, line: str) -> str:
     if name in INSTALLERS:
         return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. The ranks use the "
                   "kernel's Python, so the next %%dist cell can import what it installed.", what=what)
-    return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may "
-              "use %time, %timeit, %run, %matplotlib and !commands.", what=what)
+    return tr("{what} runs in the kernel, not on the ranks: put it in a cell of its own. On the ranks a cell may use "
+              "%time, %timeit, %run, %env, %cd, %pwd, %matplotlib and !commands.", what=what)
 
 
 def _stream(command: str) -> int:
