@@ -114,8 +114,8 @@ CELLS = [
         own result. Left to itself, `%timeit` picks how many loops to run from its own clock, and
         each rank would pick its own number: rank 0 might settle on 1,000 calls and rank 3 on
         10,000. A collective needs every rank to call it the same number of times, so the
-        ranks that ran out of calls would wait for ever. The kit makes the ranks agree: each
-        trial's time is the slowest rank's, so all of them pick the same count.
+        ranks with calls still to make would wait for ever for the others. The kit makes the
+        ranks agree: each trial's time is the slowest rank's, so all of them pick the same count.
         """
     ),
     dist(
