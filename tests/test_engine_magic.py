@@ -518,6 +518,18 @@ def test_what_only_the_kernel_can_do_fails_saying_so(kernel: KernelSession, line
     assert reply.error is not None and "SyntaxError" in reply.traceback and "UsageError" not in reply.traceback
 
 
+def test_a_syntax_error_below_an_ipython_line_is_shown_where_it_is(kernel: KernelSession) -> None:
+    """A magic inside an expression is not IPython either: the error names that line, not the
+    ``%env`` line above it (which alone made the cell not Python)."""
+    reply = kernel.execute("%%dist\n%env SOME_SETTING=1\nx = 1\nprint(x, %pwd)")
+    assert reply.error is not None and "SyntaxError" in reply.traceback, reply.traceback
+    assert "at cell line 3: print(x, %pwd)" in reply.traceback and "at cell line 1" not in reply.traceback
+    reply = kernel.execute("%%dist\n\n%time x = 1\ny = x / 0")  # IPython drops leading blank lines: they count
+    assert reply.error is not None and "at cell line 3: y = x / 0" in reply.traceback, reply.traceback
+    reply = kernel.execute("%%dist\n%%time\nx = (1,\n")  # IPython's rewrite changes the line count: Python's error
+    assert reply.error is not None and "SyntaxError" in reply.traceback, reply.traceback
+
+
 def test_display_of_a_figure_shows_an_image(kernel: KernelSession) -> None:
     reply = kernel.execute(
         "%%dist --ranks 0\nimport matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\n"

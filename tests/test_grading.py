@@ -387,6 +387,9 @@ def test_a_submission_that_cannot_load_fails_every_part_at_once() -> None:
     assert [p.passed for p in result.parts] == [False] * len(EX1.parts)
     assert all("does not compile: line 2" in p.message for p in result.parts)
     assert sum(p.seconds for p in result.parts[1:]) == 0  # only the first part started ranks
+    # an IPython line above does not move the error to it: the student is told the line to fix
+    result = runner.grade_submission(EX1, "%%time\n!pip list\ndef all_reduce_rs_ag(tensor, op, group):\n    return (", 20)
+    assert all("does not compile: line 4" in p.message for p in result.parts), result.parts[0].message
 
 
 def test_an_answer_cell_without_its_id_is_the_last_cell_defining_the_function() -> None:

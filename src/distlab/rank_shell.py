@@ -46,6 +46,10 @@ def transform(source: str) -> str | None:
         python = TransformerManager().transform_cell(source)
     except Exception:  # noqa: BLE001 - IPython could not read it either: the SyntaxError stands
         return None
+    # IPython drops the blank lines a cell starts with; put them back, so line numbers stay the cell's
+    blank = next((i for i, line in enumerate(source.splitlines()) if line.strip()), 0)
+    if blank and len(python.splitlines()) == len(source.splitlines()) - blank:
+        python = "\n" * blank + python
     return python if python != source else None
 
 
@@ -266,7 +270,9 @@ class InertShell:
 def as_python(source: str) -> str | None:
     """A graded answer cell as Python when it is IPython: a cell magic on its first line (``%%time``)
     becomes a blank line, so the body is the answer and keeps its line numbers, and the rest is
-    read by IPython's transformer. None when it is Python already or cannot be read either way."""
+    read by IPython's transformer. None when it is Python already or cannot be read either way.
+    A rewrite that still does not compile is returned when it kept the cell's lines: its error is
+    on the student's line (``%%time`` on line 1 is fine, the missing bracket on line 7 is not)."""
     try:
         compile(source, "<answer>", "exec")
         return None
@@ -280,7 +286,8 @@ def as_python(source: str) -> str | None:
     try:
         compile(python, "<answer>", "exec")
     except SyntaxError:
-        return None
+        kept_lines = python != source and len(python.splitlines()) == len(source.splitlines())
+        return python if kept_lines else None
     return python
 
 

@@ -440,8 +440,8 @@ class Rank:
                 raise
             try:
                 tree = ast.parse(python, filename)
-            except SyntaxError:
-                raise error from None  # the cell's own error, not one in IPython's rewrite of it
+            except SyntaxError as rewritten:
+                raise _in_the_cell(rewritten, error, source, python) from None
             self.namespace.setdefault("get_ipython", rank_shell.RankShell(self.namespace, self.device).get_ipython)
             return tree, python
 
@@ -584,6 +584,19 @@ def threads_per_rank(local_world: int) -> int:
     except (AttributeError, OSError):  # not Linux
         allowed = os.cpu_count() or 1
     return max(1, allowed // local_world)
+
+
+def _in_the_cell(rewritten: SyntaxError, original: SyntaxError, source: str, python: str) -> SyntaxError:
+    """The error to show when a cell is neither Python nor IPython. IPython rewrites a magic line
+    into one line of Python, so the rewrite's error is on the learner's line (``%env`` on line 1
+    is fine; ``print(files, %pwd)`` on line 5 is not): that line, in the learner's words. A rewrite
+    that changed the number of lines (a cell magic) cannot be mapped back: Python's own error."""
+    cell, ours = source.splitlines(), python.splitlines()
+    line = rewritten.lineno or 0
+    if len(cell) != len(ours) or not 0 < line <= len(cell):
+        return original
+    offset = rewritten.offset if cell[line - 1] == ours[line - 1] else None
+    return SyntaxError(rewritten.msg, (original.filename, line, offset, cell[line - 1] + "\n"))
 
 
 def _ends_with_semicolon(source: str) -> bool:
