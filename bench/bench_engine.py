@@ -206,6 +206,25 @@ def stages(reps: int = 300) -> dict[str, float]:
     return out
 
 
+def by_rank_count(counts: tuple[int, ...], reps: int) -> dict[int, float]:
+    """The per-cell overhead with 1, 2, ... ranks, one kernel per count, rounds alternating between
+    them: it tells the kit's own cost from what ranks beyond the cores add (here 4 ranks share 2)."""
+    kernels = {}
+    try:
+        for n in counts:
+            kernels[n] = KernelSession()
+            _ok(kernels[n].execute(f"%load_ext distlab\n%dist_start -n {n} --backend gloo"))
+        diffs: dict[int, list[float]] = {n: [] for n in counts}
+        for _ in range(reps):
+            for n, kernel in kernels.items():
+                empty = _ok(kernel.execute("pass")).seconds
+                diffs[n].append(_ok(kernel.execute("%%dist\nprint(rank)")).seconds - empty)
+        return {n: statistics.median(d) for n, d in diffs.items()}
+    finally:
+        for kernel in kernels.values():
+            kernel.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=60)
@@ -273,6 +292,10 @@ def main() -> None:
     print(f"the per-cell overhead ({ours['per_cell'] * 1e3:.2f} ms), stage by stage:")
     for label, seconds in parts:
         print(f"  {label:<84}{seconds * 1e3:6.2f}")
+    counts = by_rank_count((1, 2, WORLD), args.reps)
+    print(f"the per-cell overhead by number of ranks, on {os.cpu_count()} cores (median of {args.reps} rounds, "
+          "alternating): " + ", ".join(f"{n} rank{'s' if n > 1 else ''} {seconds * 1e3:.2f} ms"
+                                        for n, seconds in counts.items()))
 
 
 if __name__ == "__main__":
