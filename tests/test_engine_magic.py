@@ -43,6 +43,10 @@ def test_last_expression_is_shown_per_rank(kernel: KernelSession) -> None:
     assert sorted(reply.stdout.splitlines()) == [f"[rank {r}] {r * 100}" for r in range(4)]
     reply = kernel.execute("%%dist\nrank * 100;  # a semicolon hides it, as in a notebook")
     assert reply.error is None and reply.stdout == "", reply.traceback
+    # a line the cell left open ends before the value, which Jupyter shows apart from the stream
+    reply = kernel.execute("%%dist\nimport sys\nsys.stdout.write('no newline')")
+    assert sorted(reply.stdout.splitlines()) == sorted([f"[rank {r}] no newline" for r in range(4)]
+                                                       + [f"[rank {r}] 10" for r in range(4)]), reply.stdout
 
 
 def test_pull_and_push(kernel: KernelSession) -> None:

@@ -40,6 +40,7 @@ class _Forwarder(threading.Thread):
         self.send = send
         self.lock = threading.Lock()
         self.pending = b""
+        self.line_open = False  # the last text sent did not end its line (print(..., end=""))
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         os.set_blocking(fd, False)
 
@@ -87,6 +88,13 @@ class _Forwarder(threading.Thread):
             text = self.decoder.decode(data, final=final)  # a character split across reads waits
             if text:
                 self.send(Output(self.rank, self.stream, text))  # type: ignore[arg-type]
+                self.line_open = not text.endswith("\n")
+
+    def line_is_open(self) -> bool:
+        """Does the output so far end in the middle of a line?"""
+        with self.lock:
+            self._drain(final=False)
+            return bool(self.pending) or self.line_open
 
 
 class NoKeyboard(io.TextIOBase):
@@ -148,6 +156,16 @@ class CapturedOutput:
             sys.stdout = self.stdout
         if sys.stderr is None or sys.stderr.closed:
             sys.stderr = self.stderr
+
+    def start_a_line(self) -> None:
+        """Before a cell's value is shown: end a line the cell left open (``sys.stdout.write("x")``
+        or ``print(..., end="")``), so the value is a line of its own, as Jupyter shows it apart."""
+        flush_standard_streams()
+        if self.forwarders[0].line_is_open():
+            try:
+                os.write(1, b"\n")
+            except OSError:  # the cell closed fd 1: repair() puts it back for the next one
+                pass
 
     def sync(self) -> None:
         """Return once everything written so far has been sent to the kernel."""

@@ -423,6 +423,7 @@ class Rank:
             value = self._finish(eval(compile(last, filename, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT),
                                       self.namespace))
             if value is not None:
+                self.output.start_a_line()
                 rank_display.show_value(value)
         self.in_user_code = False
 
