@@ -243,3 +243,20 @@ def test_a_rank_that_fails_before_it_reaches_the_kernel_is_heard_through_the_lau
         "rank 1 could not start: OSError: the first rank could not make the ranks' own network"]
     assert protocol.early_failures(log, "p1", 1) == ["rank 1 could not start: MemoryError"]
     assert protocol.early_failures("", "p1", 2) == []
+
+
+def test_a_machine_that_cannot_fork_is_told_to_use_wsl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows has no fork, which the launcher needs: the extension and distlab.run say so and
+    what to do, instead of a launcher that dies unexplained. (Windows does not run here: os.fork
+    is taken away for the test.)"""
+    from IPython.core.error import UsageError
+
+    import distlab
+    from distlab import prestart
+    from distlab.errors import PoolDied
+
+    monkeypatch.delattr(os, "fork")
+    with pytest.raises(UsageError, match="Windows cannot fork a process. Run JupyterLab in WSL"):
+        distlab.load_ipython_extension(None)
+    with pytest.raises(PoolDied, match="Run JupyterLab in WSL"):
+        prestart.take()

@@ -49,10 +49,14 @@ def load_ipython_extension(ipython: Any) -> None:
 
     The launcher is started first, so its torch import runs while this kernel imports the magics.
     """
+    from distlab import prestart
+
+    if not prestart.can_fork():
+        from IPython.core.error import UsageError
+
+        raise UsageError(prestart.cannot_fork())
     hub = sys.modules.get("distlab.hub")
     if hub is None or hub.Hub._current is None:  # a kernel that has a hub keeps its launcher
-        from distlab import prestart
-
         prestart.start_early()
     from distlab.magic import register
 

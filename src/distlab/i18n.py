@@ -161,6 +161,11 @@ ZH: dict[str, str] = {
     "%time, %timeit, %run, %env, %cd, %pwd, %matplotlib and !commands.":
         "{what} 在 kernel 里运行，不在各个 rank 上运行：请把它放到单独的单元格里。在 rank 上，单元格可以用 "
         "%time、%timeit、%run、%env、%cd、%pwd、%matplotlib 和 !命令。",
+    "distlab forks its ranks from a process that has imported torch once, and Windows cannot fork "
+    "a process. Run JupyterLab in WSL (Windows Subsystem for Linux, e.g. Ubuntu): there `make lab` "
+    "works as on Linux.":
+        "distlab 的各个 rank 是从一个已经 import 过 torch 的进程 fork 出来的，而 Windows 不能 fork 进程。"
+        "请在 WSL（Windows 的 Linux 子系统，例如 Ubuntu）里运行 JupyterLab：在那里 `make lab` 和在 Linux 上一样可用。",
     "%cd on the ranks takes one folder, not {line!r}":
         "rank 上的 %cd 只接受一个文件夹，不接受 {line!r}",
     "%run on the ranks takes a script and its arguments (%run train.py --epochs 2), -i to run it among the "

@@ -37,7 +37,25 @@ def take() -> tuple[str, subprocess.Popen[bytes], dict[str, str]]:
     return _start()
 
 
+def can_fork() -> bool:
+    """Windows has no fork: the kit says so at once, instead of a launcher that dies unexplained."""
+    return hasattr(os, "fork")
+
+
+def cannot_fork() -> str:
+    """What to do where ``can_fork()`` is False."""
+    from distlab.i18n import tr
+
+    return tr("distlab forks its ranks from a process that has imported torch once, and Windows cannot fork "
+              "a process. Run JupyterLab in WSL (Windows Subsystem for Linux, e.g. Ubuntu): there `make lab` "
+              "works as on Linux.")
+
+
 def _start() -> tuple[str, subprocess.Popen[bytes], dict[str, str]]:
+    if not can_fork():
+        from distlab.errors import PoolDied
+
+        raise PoolDied(cannot_fork())
     folder = tempfile.mkdtemp(prefix="distlab-")
     os.chmod(folder, 0o700)
     kernel_env = dict(os.environ)
