@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -750,6 +751,35 @@ def test_ranks_follow_the_kernels_folder_import_path_and_environment(kernel: Ker
     finally:
         kernel.execute("os.chdir(_before)\nsys.path[:] = [p for p in sys.path if str(p) != 'lib']\n"
                        "os.environ.pop('FOLLOW_SETTING', None)")
+
+
+def test_autoreload_in_the_kernel_reloads_edited_modules_on_the_ranks(kernel: KernelSession, tmp_path) -> None:
+    """``%autoreload 2`` in a normal cell: a module edited beside the notebook is reloaded on the
+    ranks before the next ``%%dist`` cell, as in the kernel (the ranks live on, so without this
+    they ran the old code until a restart), and a function imported from it runs its new body."""
+    module = tmp_path / "edited_helper.py"
+    module.write_text("VALUE = 1\ndef double(x):\n    return 2 * x\n")
+    setup = kernel.execute(f"import sys\nsys.path.append({str(tmp_path)!r})\n%load_ext autoreload\n%autoreload 2")
+    assert setup.error is None, setup.traceback
+    try:
+        first = kernel.execute("%%dist\nimport edited_helper\nfrom edited_helper import double\n"
+                               "print(edited_helper.VALUE, double(rank))")
+        assert first.error is None and first.stderr == "", first.traceback
+        assert all(f"[rank {r}] 1 {2 * r}" in first.stdout for r in range(4)), first.stdout
+        module.write_text("VALUE = 2\ndef double(x):\n    return 20 * x\n")
+        later = os.stat(module).st_mtime + 2
+        os.utime(module, (later, later))  # a later time than the import saw, whatever the clock's grain
+        second = kernel.execute("%%dist\nprint(edited_helper.VALUE, double(rank))")
+        assert second.error is None and second.stderr == "", second.traceback
+        assert all(f"[rank {r}] 2 {20 * r}" in second.stdout for r in range(4)), second.stdout
+        off = kernel.execute("%autoreload 0")
+        assert off.error is None, off.traceback
+        module.write_text("VALUE = 3\ndef double(x):\n    return 0\n")
+        os.utime(module, (later + 2, later + 2))
+        third = kernel.execute("%%dist\nprint(edited_helper.VALUE)")
+        assert all(f"[rank {r}] 2" in third.stdout for r in range(4)), third.stdout  # off: as in the kernel
+    finally:
+        kernel.execute(f"%autoreload 0\nsys.path[:] = [p for p in sys.path if p != {str(tmp_path)!r}]")
 
 
 def test_syncbatchnorm_on_cpu_ranks_says_what_to_use_instead(kernel: KernelSession) -> None:

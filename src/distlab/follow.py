@@ -1,7 +1,9 @@
 """The ranks follow the kernel's working folder, import path and environment variables.
 
 A ``%%dist`` cell reads as a cell of the notebook, so ``%cd data``, ``%env SEED=1``,
-``os.chdir`` or ``sys.path.append("src")`` in the kernel should hold on the ranks too. But the
+``os.chdir`` or ``sys.path.append("src")`` in the kernel should hold on the ranks too, and so
+should ``%autoreload 2``: the ranks are persistent, so a module the learner edits beside the
+notebook would otherwise run in its old version on the ranks until they restart. But the
 ranks are forked once, from a launcher started when the extension loaded, and a process's folder
 and environment are its own: without this, a file a later cell wrote beside the notebook did not
 import on the ranks, and ``%env`` never reached them.
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from collections.abc import Mapping
+from typing import Any
 
 from distlab.protocol import KernelContext
 
@@ -37,7 +41,22 @@ def capture(baseline: Mapping[str, str]) -> KernelContext:
     """The kernel's context now; ``baseline`` is the environment the launcher (and so every rank)
     started with."""
     cwd = _cwd_or_empty()  # "" when the kernel's folder was removed: the ranks stay where they are
-    return KernelContext(cwd, import_path(), _changed_since(baseline))
+    mode, aimported = autoreload_mode()
+    return KernelContext(cwd, import_path(), _changed_since(baseline), mode, aimported)
+
+
+def autoreload_mode() -> tuple[int, tuple[str, ...]]:
+    """The kernel's ``%autoreload`` mode (0 when off or not loaded) and the modules ``%aimport``
+    marked, read from IPython's autoreload extension (its state has no public reader)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    try:
+        reloader = shell.magics_manager.registry["AutoreloadMagics"]._reloader  # type: ignore[union-attr]
+    except (AttributeError, KeyError):
+        return 0, ()
+    if not reloader.enabled:
+        return 0, ()
+    return (3 if reloader.autoload_obj else 2 if reloader.check_all else 1), tuple(reloader.modules)
 
 
 # Reading os.environ decodes every name and value, about 1 ms a cell for a hundred variables, and
@@ -76,6 +95,8 @@ class Follower:
         self._born = dict(os.environ)
         self._cwd = _cwd_or_empty()
         self._environ: dict[str, str | None] = {}
+        self._reloader: Any = None  # IPython's ModuleReloader, from the first cell under %autoreload
+        self._loaded: set[str] = set()  # the modules imported when the last task began
 
     def apply(self, context: KernelContext) -> str:
         """Follow the kernel; returns a note when its folder does not exist here (another host)."""
@@ -97,10 +118,59 @@ class Follower:
             else:
                 os.environ[name] = value
         self._environ = environ
+        if context.autoreload:
+            self._reload_changed_modules(context)
+        elif self._reloader is not None:
+            self._reloader.enabled = False  # %autoreload 0 in the kernel
         return note
+
+    def _reload_changed_modules(self, context: KernelContext) -> None:
+        """What IPython's autoreload does before each cell of the kernel, here before each task: reload
+        the modules whose files changed (all in modes 2 and 3, the %aimport-ed ones in mode 1), and
+        update the functions and classes already imported from them. Errors print as in IPython."""
+        if self._reloader is None:
+            try:
+                from IPython.extensions.autoreload import ModuleReloader
+            except ImportError:  # pragma: no cover - IPython is a dependency
+                return
+            self._reloader = ModuleReloader()  # notes every module's time now: later edits reload
+            self._skip_libraries(set(sys.modules))
+        reloader = self._reloader
+        reloader.enabled = True
+        reloader.check_all = context.autoreload >= 2
+        for name in context.aimported:
+            reloader.mark_module_reloadable(name)
+        reloader.check()
+        self._loaded = set(sys.modules)
+
+    def after_task(self) -> None:
+        """As IPython does after each cell: note the file times of the modules the cell imported,
+        so an edit made before the next cell is seen as one."""
+        reloader = self._reloader
+        if reloader is None or not reloader.enabled:
+            return
+        new = set(sys.modules) - self._loaded
+        for name in new:
+            _, mtime = reloader.filename_and_mtime(sys.modules[name])
+            if mtime is not None:
+                reloader.modules_mtimes[name] = mtime
+        self._skip_libraries(new)
+        self._loaded = set(sys.modules)
+
+    def _skip_libraries(self, names: set[str]) -> None:
+        """Leave out of the checks what lives in the standard library or site-packages (torch alone
+        is over a thousand modules: stat-ing each before every cell cost 4 ranks 20 ms). What a
+        learner edits lies beside the notebook, or in a package installed from its source."""
+        for name in names:
+            module = sys.modules.get(name)
+            where = getattr(module, "__file__", None)
+            if not isinstance(where, str) or os.path.abspath(where).startswith(_LIBRARIES):
+                self._reloader.skip_modules[name] = True
 
 
 _BORN = object()  # "as at the launcher's start": a name the kernel has not changed
+_LIBRARIES = tuple(sorted({os.path.join(os.path.abspath(path), "") for key, path in sysconfig.get_paths().items()
+                           if key in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
 
 def _cwd_or_empty() -> str:

@@ -223,6 +223,8 @@ class KernelContext:
     cwd: str = ""
     sys_path: tuple[str, ...] = ()  # the caller's import path, so its modules import on the rank too
     environ: tuple[tuple[str, str | None], ...] = ()  # variables the kernel changed: name, value (None: unset)
+    autoreload: int = 0  # the kernel's %autoreload mode (0: off)
+    aimported: tuple[str, ...] = ()  # the modules %aimport marked, which mode 1 reloads
 
 
 @dataclass(frozen=True)

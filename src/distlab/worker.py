@@ -375,7 +375,10 @@ class Rank:
             self._follow(task.context)
         if isinstance(task, RunCell):
             self._restore_deleted_names()
-            self._run_cell(task.source, task.filename, task.task)
+            try:
+                self._run_cell(task.source, task.filename, task.task)
+            finally:
+                self._follower.after_task()
             return None
         if isinstance(task, RunFunction):
             fn, args, kwargs, files, sources = cloudpickle.loads(task.payload)
