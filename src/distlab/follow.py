@@ -134,7 +134,7 @@ class Follower:
             except ImportError:  # pragma: no cover - IPython is a dependency
                 return
             self._reloader = ModuleReloader()  # notes every module's time now: later edits reload
-            self._skip_libraries(set(sys.modules))
+        self._skip_libraries(set(sys.modules) - self._loaded)  # all at first; then what came while it was off
         reloader = self._reloader
         reloader.enabled = True
         reloader.check_all = context.autoreload >= 2
