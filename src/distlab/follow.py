@@ -16,9 +16,9 @@ kernel changes the same thing again.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import sysconfig
 from collections.abc import Mapping
 from typing import Any
 
@@ -164,13 +164,21 @@ class Follower:
         for name in names:
             module = sys.modules.get(name)
             where = getattr(module, "__file__", None)
-            if not isinstance(where, str) or os.path.abspath(where).startswith(_LIBRARIES):
+            if not isinstance(where, str) or os.path.abspath(where).startswith(_libraries()):
                 self._reloader.skip_modules[name] = True
 
 
 _BORN = object()  # "as at the launcher's start": a name the kernel has not changed
-_LIBRARIES = tuple(sorted({os.path.join(os.path.abspath(path), "") for key, path in sysconfig.get_paths().items()
-                           if key in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+@functools.cache
+def _libraries() -> tuple[str, ...]:
+    """The standard library's and site-packages' folders (read when autoreload is first on, not at
+    every rank's start: sysconfig costs about 2 ms to import and ask)."""
+    import sysconfig
+
+    return tuple(sorted({os.path.join(os.path.abspath(path), "") for key, path in sysconfig.get_paths().items()
+                         if key in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
 
 def _cwd_or_empty() -> str:
