@@ -189,7 +189,7 @@ class Hub:
     def _drain_launcher(self, launcher: Connection) -> None:
         while True:
             try:
-                if not launcher.poll(0):
+                if not protocol.waiting(launcher):
                     return
                 message = protocol.recv(launcher)
             except (EOFError, OSError):

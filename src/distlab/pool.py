@@ -505,7 +505,7 @@ class Pool:
             if handle is None:
                 continue
             try:
-                if handle.conn.poll(0) and not _still_open(handle.conn):
+                if protocol.waiting(handle.conn) and not _still_open(handle.conn):
                     continue
                 os.kill(handle.pid, signum)
             except (ProcessLookupError, OSError):
