@@ -217,8 +217,7 @@ def by_rank_count(counts: tuple[int, ...], reps: int) -> dict[int, float]:
         diffs: dict[int, list[float]] = {n: [] for n in counts}
         for _ in range(reps):
             for n, kernel in kernels.items():
-                empty = _ok(kernel.execute("pass")).seconds
-                diffs[n].append(_ok(kernel.execute("%%dist\nprint(rank)")).seconds - empty)
+                diffs[n].append(_paired_overheads(kernel, {"print": "%%dist\nprint(rank)"}, 1)["print"])
         return {n: statistics.median(d) for n, d in diffs.items()}
     finally:
         for kernel in kernels.values():

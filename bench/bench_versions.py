@@ -16,15 +16,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
-from kernel_session import KernelSession  # noqa: E402
-
-START = ["%load_ext distlab", "%%dist -n 4\nt = torch.ones(4)\ndist.all_reduce(t)"]
+from bench_engine import DISTLAB_START as START  # noqa: E402
+from bench_engine import _cold_start, _ok  # noqa: E402
+from kernel_session import KernelSession  # noqa: E402  (on the path bench_engine gives)
 
 
 def kernel_on(src: Path) -> KernelSession:
@@ -37,18 +36,13 @@ def kernel_on(src: Path) -> KernelSession:
 
 
 def timed(kernel: KernelSession, code: str) -> float:
-    started = time.perf_counter()
-    reply = kernel.execute(code)
-    if reply.error is not None:
-        raise RuntimeError(reply.traceback)
-    return time.perf_counter() - started
+    return float(_ok(kernel.execute(code)).seconds)
 
 
 def cold_start(src: Path) -> float:
     kernel = kernel_on(src)
     try:
-        kernel.execute("pass")
-        return sum(timed(kernel, cell) for cell in START)
+        return _cold_start(kernel, START)
     finally:
         kernel.shutdown()
 
