@@ -126,6 +126,25 @@ def test_only_the_answer_cells_are_graded() -> None:
     assert solution_source(nbformat.v4.new_notebook(), EX1.solution_ids) == ""
 
 
+def test_of_pasted_answer_cells_the_one_nbgrader_keeps_is_graded() -> None:
+    """A pasted answer cell keeps its grade id. The parallel pass read both copies while nbgrader
+    keeps the last, so the sources differed, the parallel result was thrown away and the student
+    was graded a second time in nbgrader's own process (5 s more each on 2 cores)."""
+    from nbgrader.preprocessors import DeduplicateIds
+
+    answer = {"nbgrader": {"grade_id": "all_reduce_rs_ag", "solution": True, "grade": False, "locked": False}}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("def all_reduce_rs_ag(*args):\n    pass", metadata=json.loads(json.dumps(answer))),
+        nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {"grade_id": "all_reduce_rs_ag"}}),  # no flags
+        nbformat.v4.new_code_cell("def all_reduce_rs_ag(t):\n    return t", metadata=json.loads(json.dumps(answer))),
+    ])
+    read_here = solution_source(nb, EX1.solution_ids)
+    deduplicated, _ = DeduplicateIds().preprocess(nbformat.from_dict(json.loads(json.dumps(nb))), {})
+    assert read_here == solution_source(deduplicated, EX1.solution_ids) == \
+        "x = 1\n\ndef all_reduce_rs_ag(t):\n    return t"
+    assert solution_source(json.loads(nbformat.writes(nb)), EX1.solution_ids) == read_here  # plain JSON too
+
+
 def test_results_round_trip_as_json() -> None:
     result = SubmissionResult("ex1_all_reduce_rs_ag", "abc", [PartResult("ops", False, "why", 1.5, 3)], 2.0)
     assert SubmissionResult.from_json(result.to_json()) == result

@@ -224,58 +224,6 @@ def test_a_platforms_zip_is_graded_with_each_student_named_by_their_folder(tmp_p
     assert {s: _scores(r) for s, r in again.items()} == {s: _scores(r) for s, r in rows.items()}
 
 
-def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(tmp_path: Path) -> None:
-    """The Chinese release has the same grade ids and points: one gradebook, the same scores,
-    and the student reads the notebook and the grader's verdicts in Chinese."""
-    chinese = nbformat.read(REPO / "exercises" / "zh" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
-    inbox = tmp_path / "inbox"
-    inbox.mkdir()
-    for name in ("solution", "forgot_subgroup", "untouched"):
-        english = nbformat.read(FIXTURES / ASSIGNMENT / f"{name}.ipynb", as_version=4) if name != "untouched" else chinese
-        answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in english.cells
-                   if c.metadata.get("nbgrader", {}).get("solution")}
-        nb = nbformat.from_dict(chinese)
-        for cell in nb.cells:
-            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-            if grade_id in answers:
-                cell.source = answers[grade_id]
-            if name == "forgot_subgroup" and grade_id == "test_divisible":  # Chinese comments, edited code
-                cell.source = cell.source.replace("assert torch.equal", "assert True or torch.equal")
-        nbformat.write(nb, inbox / f"zh_{name}.ipynb")
-    course = tmp_path / "course"
-    done = _grader("autograde", str(inbox), "--course", str(course), "--jobs", "1",
-                   "--part-timeout", str(PART_TIMEOUT))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "has changed" not in done.stderr, done.stderr  # the Chinese prose is not "tampering"
-    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(_grader("export", "--course", str(course)).stdout))}
-    assert _scores(rows["zh_solution"]) == PINNED["solution"]
-    assert _scores(rows["zh_forgot_subgroup"]) == PINNED["forgot_subgroup"]
-    assert not any(_scores(rows["zh_untouched"]).values())
-    from nbgrader.api import Gradebook
-
-    answer = next(c.metadata["nbgrader"]["grade_id"] for c in chinese.cells if c.metadata.get("nbgrader", {}).get("solution"))
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:  # as for an untouched English answer
-        comments = {student: gradebook.find_comment(answer, ASSIGNMENT, ASSIGNMENT, student).auto_comment
-                    for student in ("zh_untouched", "zh_solution")}
-    assert comments == {"zh_untouched": "No response.", "zh_solution": None}, comments
-
-    graded = nbformat.read(course / "autograded" / "zh_solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
-    assert graded.cells[0].source == chinese.cells[0].source, "the Chinese prose stays"
-    locked = [(c.source, g.source) for c, g in zip(chinese.cells, graded.cells, strict=True)
-              if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("locked")]
-    assert any("持有" in released for released, _ in locked)  # a comment of the try cell, in Chinese
-    for released, kept in locked:  # a test cell gets its hidden tests back, in between
-        assert set(released.splitlines()) <= set(kept.splitlines()), "the Chinese comments and captions stay"
-    edited = nbformat.read(course / "autograded" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
-    restored = next(c.source for c in edited.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_divisible")
-    assert "assert True or" not in restored and "rank r holds" in restored, restored  # the instructor's cell
-    shown = [o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert any(t.startswith("通过（") for t in shown), shown
-    assert _grader("feedback", "--course", str(course)).returncode == 0
-    page = (course / "feedback" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
-    assert "练习 1" in page and "通过（" in page and "未通过" in page and "HIDDEN TESTS" not in page
-
-
 # --- release ------------------------------------------------------------------------------------------
 def test_exercises_equal_a_fresh_release() -> None:
     done = _grader("release", "--check")
@@ -360,18 +308,15 @@ def test_a_file_that_is_no_notebook_is_named_not_graded_and_fails_the_run(tmp_pa
     assert "graded 1 of 4 submissions" in said and "failed to grade: bob, cy, dee" in said
 
 
-def test_a_submission_with_copied_cells_is_graded_from_the_last_copy(tmp_path: Path) -> None:
+# --- one class of unusual submissions, graded in one run ------------------------------------------------
+def _copied_cells(inbox: Path) -> None:
     """JupyterLab copies a cell with its nbgrader metadata: a student who pasted the answer cell
-    (and a visible test) to try things left two cells with one grade id. nbgrader 0.9 then failed
-    the whole submission (KeyError 'grade_id', not graded). As nbgrader intends, the last copy is
-    graded and the earlier ones are plain cells."""
+    (and a visible test) to try things leaves two cells with one grade id."""
     solution = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
     answer = next(i for i, c in enumerate(solution.cells) if c.metadata.get("nbgrader", {}).get("solution"))
     visible = next(i for i, c in enumerate(solution.cells) if c.metadata.get("nbgrader", {}).get("grade")
                    and c.metadata["nbgrader"].get("locked"))
-    inbox = tmp_path / "inbox"
-    inbox.mkdir()
-    for student, first_source in (("ada", None), ("bob", "def all_reduce_rs_ag(*args):\n    pass\n")):
+    for student, first_source in (("copied_ada", None), ("copied_bob", "def all_reduce_rs_ag(*args):\n    pass\n")):
         nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
         pasted = [copy.deepcopy(nb.cells[visible]), copy.deepcopy(nb.cells[answer])]
         for cell, new_id in zip(pasted, ("pasted-test", "pasted-answer"), strict=True):
@@ -381,63 +326,156 @@ def test_a_submission_with_copied_cells_is_graded_from_the_last_copy(tmp_path: P
         nb.cells.insert(visible + 1, pasted[0])
         nb.cells.insert(answer + 1, pasted[1])
         nbformat.write(nb, inbox / f"{student}.ipynb")
-    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"), "--jobs", "1")
-    said = done.stdout + done.stderr
-    assert done.returncode == 0, said
-    assert "ada                          ex1_all_reduce_rs_ag          10/10" in said, said
-    assert "bob                          ex1_all_reduce_rs_ag          10/10" in said, said
 
 
-def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_defines(tmp_path: Path) -> None:
-    """A notebook saved by a tool that drops cell metadata (ada), or whose answer cell was deleted
-    and typed again as a new cell (bob), had no answer to grade: ada's was skipped as "no answer
-    cell of any known assignment", bob got 0. The cell that defines the graded function is the
-    answer, and the instructor is told so."""
-    inbox = tmp_path / "inbox"
-    inbox.mkdir()
+def _lost_ids(inbox: Path) -> None:
+    """A notebook saved by a tool that drops cell metadata (lost_ada), and one whose answer cell
+    was deleted and typed again as a new cell (retyped_bob)."""
     stripped = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
     for cell in stripped.cells:
         cell.metadata = nbformat.NotebookNode()
-    nbformat.write(stripped, inbox / "ada.ipynb")
+    nbformat.write(stripped, inbox / "lost_ada.ipynb")
     retyped = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
     answer = next(c for c in retyped.cells if c.metadata.get("nbgrader", {}).get("solution"))
     retyped.cells.remove(answer)
     retyped.cells.append(nbformat.v4.new_code_cell(answer.source))
-    nbformat.write(retyped, inbox / "bob.ipynb")
-    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"))
-    said = done.stdout + done.stderr
-    assert done.returncode == 0, said
-    for student in ("ada", "bob"):
-        assert f"{student}                          ex1_all_reduce_rs_ag          10/10" in said, said
+    nbformat.write(retyped, inbox / "retyped_bob.ipynb")
+
+
+LEFT_AROUND = {
+    "timed_ada": lambda source: "%%time\n" + source,
+    "pip_bob": lambda source: "!pip install --quiet numpy\n%matplotlib inline\n" + source
+                              + "\nt = torch.ones(3)\n%timeit -n 1 -r 1 all_reduce_rs_ag(t)\nx = %time 1 + 1\n",
+    "inner_cy": lambda source: source.replace('    """All-reduce', '    %time pass\n    """All-reduce', 1),
+    "demo_dee": lambda source: source + "\n\ndef demo():\n    t = torch.arange(5.0)\n    all_reduce_rs_ag(t)\n"
+                                        "    return t\n\n\nprint(distlab.run(demo, world_size=3))\n",
+}
+
+
+def _left_around(inbox: Path) -> None:
+    """IPython lines a student leaves in the answer cell, and a demo that starts ranks."""
+    for student, edit in LEFT_AROUND.items():
+        nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+        answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+        before = answer.source
+        answer.source = edit(answer.source)
+        assert answer.source != before, student
+        nbformat.write(nb, inbox / f"{student}.ipynb")
+
+
+def _chinese(inbox: Path) -> None:
+    """The Chinese release with the English fixtures' answers: solved, wrong (with a visible test
+    edited under Chinese comments) and untouched."""
+    chinese = nbformat.read(REPO / "exercises" / "zh" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    for name in ("solution", "forgot_subgroup", "untouched"):
+        english = nbformat.read(FIXTURES / ASSIGNMENT / f"{name}.ipynb", as_version=4) if name != "untouched" else chinese
+        answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in english.cells
+                   if c.metadata.get("nbgrader", {}).get("solution")}
+        nb = nbformat.from_dict(chinese)
+        for cell in nb.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if grade_id in answers:
+                cell.source = answers[grade_id]
+            if name == "forgot_subgroup" and grade_id == "test_divisible":  # Chinese comments, edited code
+                cell.source = cell.source.replace("assert torch.equal", "assert True or torch.equal")
+        nbformat.write(nb, inbox / f"zh_{name}.ipynb")
+
+
+@pytest.fixture(scope="module")
+def unusual_class(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One class's inbox of exercise 1 as an instructor gets it: copied cells, lost metadata,
+    IPython lines around the answer, Chinese notebooks. Graded in one run, as the instructor would,
+    with the default workers."""
+    inbox = tmp_path_factory.mktemp("unusual")
+    for write in (_copied_cells, _lost_ids, _left_around, _chinese):
+        write(inbox)
+    course = tmp_path_factory.mktemp("unusual_course")
+    done = _grader("autograde", str(inbox), "--course", str(course), "--part-timeout", str(PART_TIMEOUT))
+    export = _grader("export", "--course", str(course))
+    assert export.returncode == 0, export.stderr
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(export.stdout))}
+    return {"done": done, "said": done.stdout + done.stderr, "course": course, "rows": rows}
+
+
+def test_an_unusual_class_is_graded_in_full(unusual_class: dict[str, Any]) -> None:
+    done = unusual_class["done"]
+    assert done.returncode == 0, unusual_class["said"]
+    assert "Traceback" not in unusual_class["said"], unusual_class["said"]
+    assert "graded 11 of 11 submissions" in done.stdout and "failed to grade: none" in done.stdout, done.stdout
+
+
+def _full_marks(said: str, student: str) -> bool:
+    return f"{student:<28} {ASSIGNMENT:<24}      10/10" in said
+
+
+def test_a_submission_with_copied_cells_is_graded_from_the_last_copy(unusual_class: dict[str, Any]) -> None:
+    """Two cells with one grade id: nbgrader 0.9 failed the whole submission (KeyError 'grade_id',
+    not graded). As nbgrader intends, the last copy is graded and the earlier ones are plain cells."""
+    from distlab.grading.catalog import entry
+    from distlab.grading.extract import solution_source
+    from distlab.grading.nbgrader_hooks import source_digest
+
+    solution_ids = entry(ASSIGNMENT).solution_ids
+    for student in ("copied_ada", "copied_bob"):
+        assert _full_marks(unusual_class["said"], student), unusual_class["said"]
+        # graded once: the parallel pass graded the copy nbgrader keeps, so nbgrader took its result
+        graded = nbformat.read(unusual_class["course"] / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+        computed = json.loads((unusual_class["course"] / "trusted" / student / f"{ASSIGNMENT}.json").read_text())
+        assert computed["source_sha256"] == source_digest(solution_source(graded, solution_ids)), student
+
+
+def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_defines(
+        unusual_class: dict[str, Any]) -> None:
+    """lost_ada's was skipped as "no answer cell of any known assignment", retyped_bob got 0. The
+    cell that defines the graded function is the answer, and the instructor is told so."""
+    said = unusual_class["said"]
+    for student in ("lost_ada", "retyped_bob"):
+        assert _full_marks(said, student), said
         assert f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): graded " \
                f"from cell " in said, said
+    others = [line for line in said.splitlines() if "no cell carries the answer's nbgrader id" in line]
+    assert len(others) == 2, others  # no other submission is said to have lost it
 
 
-def test_what_a_student_leaves_around_the_function_does_not_cost_the_answer(tmp_path: Path) -> None:
+def test_what_a_student_leaves_around_the_function_does_not_cost_the_answer(unusual_class: dict[str, Any]) -> None:
     """The answer cell ran in IPython, so a student may leave `%%time` on top, a `!pip install`
     line or a `%timeit` of their function in it: the grader read the cell as Python and every part
     scored 0 (a SyntaxError). Those lines do nothing when graded; the function is what counts. So
-    with a demo at the end that starts ranks (dee), which a grading rank may not: the cell raises
-    after defining the function, and nbgrader grades what a cell defined before it raised."""
-    inbox = tmp_path / "inbox"
-    inbox.mkdir()
-    edits = {
-        "ada": lambda source: "%%time\n" + source,
-        "bob": lambda source: "!pip install --quiet numpy\n%matplotlib inline\n" + source
-                              + "\nt = torch.ones(3)\n%timeit -n 1 -r 1 all_reduce_rs_ag(t)\nx = %time 1 + 1\n",
-        "cy": lambda source: source.replace('    """All-reduce', '    %time pass\n    """All-reduce', 1),
-        "dee": lambda source: source + "\n\ndef demo():\n    t = torch.arange(5.0)\n    all_reduce_rs_ag(t)\n"
-                                       "    return t\n\n\nprint(distlab.run(demo, world_size=3))\n",
-    }
-    for student, edit in edits.items():
-        nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
-        answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
-        answer.source = edit(answer.source)
-        assert answer.source != nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4).cells[
-            nb.cells.index(answer)].source
-        nbformat.write(nb, inbox / f"{student}.ipynb")
-    done = _grader("autograde", str(inbox), "--course", str(tmp_path / "course"))
-    said = done.stdout + done.stderr
-    assert done.returncode == 0, said
-    for student in edits:
-        assert f"{student:<28} ex1_all_reduce_rs_ag          10/10" in said, said
+    with a demo at the end that starts ranks (demo_dee), which a grading rank may not: the cell
+    raises after defining the function, and nbgrader grades what a cell defined before it raised."""
+    for student in LEFT_AROUND:
+        assert _full_marks(unusual_class["said"], student), unusual_class["said"]
+
+
+def test_a_chinese_submission_is_graded_the_same_with_feedback_in_chinese(unusual_class: dict[str, Any]) -> None:
+    """The Chinese release has the same grade ids and points: one gradebook, the same scores,
+    and the student reads the notebook and the grader's verdicts in Chinese."""
+    chinese = nbformat.read(REPO / "exercises" / "zh" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    course, rows = unusual_class["course"], unusual_class["rows"]
+    assert "has changed" not in unusual_class["done"].stderr, unusual_class["done"].stderr  # Chinese prose is no "tampering"
+    assert _scores(rows["zh_solution"]) == PINNED["solution"]
+    assert _scores(rows["zh_forgot_subgroup"]) == PINNED["forgot_subgroup"]
+    assert not any(_scores(rows["zh_untouched"]).values())
+    from nbgrader.api import Gradebook
+
+    answer = next(c.metadata["nbgrader"]["grade_id"] for c in chinese.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:  # as for an untouched English answer
+        comments = {student: gradebook.find_comment(answer, ASSIGNMENT, ASSIGNMENT, student).auto_comment
+                    for student in ("zh_untouched", "zh_solution")}
+    assert comments == {"zh_untouched": "No response.", "zh_solution": None}, comments
+
+    graded = nbformat.read(course / "autograded" / "zh_solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+    assert graded.cells[0].source == chinese.cells[0].source, "the Chinese prose stays"
+    locked = [(c.source, g.source) for c, g in zip(chinese.cells, graded.cells, strict=True)
+              if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("locked")]
+    assert any("持有" in released for released, _ in locked)  # a comment of the try cell, in Chinese
+    for released, kept in locked:  # a test cell gets its hidden tests back, in between
+        assert set(released.splitlines()) <= set(kept.splitlines()), "the Chinese comments and captions stay"
+    edited = nbformat.read(course / "autograded" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+    restored = next(c.source for c in edited.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_divisible")
+    assert "assert True or" not in restored and "rank r holds" in restored, restored  # the instructor's cell
+    shown = [o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert any(t.startswith("通过（") for t in shown), shown
+    assert _grader("feedback", "--course", str(course)).returncode == 0
+    page = (course / "feedback" / "zh_forgot_subgroup" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "练习 1" in page and "通过（" in page and "未通过" in page and "HIDDEN TESTS" not in page

@@ -14,14 +14,24 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
     ``nb`` is a notebook as nbformat reads it or as plain JSON.
 
     Cells are joined in notebook order; a missing answer cell gives "" (every part then fails
-    with "... is not defined"), never an error.
+    with "... is not defined"), never an error. Of cells pasted with the same grade id, only the
+    last counts, as nbgrader's DeduplicateIds leaves it: the parallel pass then grades the very
+    source nbgrader's pass reads, and its result is taken instead of grading the student twice.
     """
-    parts = []
-    for cell in nb.get("cells", []):
+    cells = [c for c in nb.get("cells", []) if isinstance(c, dict)]
+    later: set[str] = set()
+    kept = []
+    for cell in reversed(cells):
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") == "code" and meta.get("grade_id") in solution_ids:
-            parts.append(_source(cell))
-    return "\n\n".join(parts)
+        grade_id = meta.get("grade_id")
+        flagged = any(meta.get(flag) for flag in ("grade", "solution", "locked"))
+        if flagged and grade_id in later:
+            continue  # an earlier copy: nbgrader empties its metadata
+        if flagged:
+            later.add(grade_id)
+        if cell.get("cell_type") == "code" and grade_id in solution_ids:
+            kept.append(_source(cell))
+    return "\n\n".join(reversed(kept))
 
 
 def _source(cell: Any) -> str:
