@@ -120,7 +120,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 # --- autograde ------------------------------------------------------------------------------------
 def cmd_autograde(args: argparse.Namespace) -> int:
     from distlab.grading.catalog import entry
-    from distlab.grading.extract import recover_answer_cell
+    from distlab.grading.extract import drop_unreadable_nbgrader_metadata, recover_answer_cell
 
     given = Path(args.submissions)
     try:
@@ -145,6 +145,7 @@ def cmd_autograde(args: argparse.Namespace) -> int:
         except NotANotebook as why:
             unreadable[inbox.student_id(path, taken.setdefault(None, set()))] = str(why)
             continue
+        dropped = drop_unreadable_nbgrader_metadata(notebook)
         name = _assignment_of(notebook, args.assignment)
         if name is None:
             print(f"skipped {path}: it has no answer cell of any known assignment (a notebook of something "
@@ -153,10 +154,14 @@ def cmd_autograde(args: argparse.Namespace) -> int:
         student = inbox.student_id(path, taken.setdefault(name, set()))
         known = entry(name)
         recovered = recover_answer_cell(notebook, known.solution_ids, known.function)
+        if dropped:
+            print(f"{student}: the nbgrader metadata of {dropped} cell(s) could not be read and was dropped "
+                  f"(the tests come from the released notebook)", file=sys.stderr)
         if recovered is not None:
             print(f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): "
                   f"graded from cell {recovered + 1}, which defines {known.function}", file=sys.stderr)
-        jobs.append(course.submit(student, name, path, notebook if recovered is not None else None))
+        repaired = recovered is not None or dropped > 0
+        jobs.append(course.submit(student, name, path, notebook if repaired else None))
     started = time.monotonic()
     # the trusted checks start first; nbgrader sets up and then autogrades each submission as
     # soon as its result is there, one at a time (the gradebook has one writer)

@@ -145,6 +145,24 @@ def test_of_pasted_answer_cells_the_one_nbgrader_keeps_is_graded() -> None:
     assert solution_source(json.loads(nbformat.writes(nb)), EX1.solution_ids) == read_here  # plain JSON too
 
 
+def test_answer_cells_are_read_past_metadata_nbgrader_cannot_read() -> None:
+    """A hand-edited notebook: a list as a grade id made the parallel pass's reader raise."""
+    from distlab.grading.extract import drop_unreadable_nbgrader_metadata
+
+    answer = {"nbgrader": {"grade_id": "all_reduce_rs_ag", "solution": True}}
+    nb = {"cells": [
+        {"cell_type": "code", "source": "a = 1", "metadata": {"nbgrader": {"grade_id": ["x"], "grade": True}}},
+        {"cell_type": "code", "source": "b = 2", "metadata": {"nbgrader": "oops"}},
+        {"cell_type": "code", "source": "c = 3", "metadata": []},
+        "not a cell",
+        {"cell_type": "code", "source": ["def all_reduce_rs_ag(t):\n", "    return t"], "metadata": answer},
+    ]}
+    assert solution_source(nb, EX1.solution_ids) == "def all_reduce_rs_ag(t):\n    return t"
+    assert drop_unreadable_nbgrader_metadata(nb) == 3
+    assert [c["metadata"] for c in nb["cells"] if isinstance(c, dict)] == [{}, {}, {}, answer]
+    assert drop_unreadable_nbgrader_metadata(nb) == 0
+
+
 def test_results_round_trip_as_json() -> None:
     result = SubmissionResult("ex1_all_reduce_rs_ag", "abc", [PartResult("ops", False, "why", 1.5, 3)], 2.0)
     assert SubmissionResult.from_json(result.to_json()) == result

@@ -381,13 +381,27 @@ def _chinese(inbox: Path) -> None:
         nbformat.write(nb, inbox / f"zh_{name}.ipynb")
 
 
+def _unreadable_metadata(inbox: Path) -> None:
+    """Hand-edited nbgrader metadata (broken_eve): a string where nbgrader expects a mapping, a list
+    as a test cell's grade id, a list as the answer cell's metadata. nbgrader fails on such a
+    notebook, and the grader skipped it as having no answer cell."""
+    nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    test = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
+                and c.metadata["nbgrader"].get("locked"))
+    nb.cells[0].metadata["nbgrader"] = "oops"
+    test.metadata["nbgrader"]["grade_id"] = ["test", "ops"]
+    answer.metadata["nbgrader"] = []
+    (inbox / "broken_eve.ipynb").write_text(json.dumps(nb), encoding="utf-8")  # nbformat would refuse to write it
+
+
 @pytest.fixture(scope="module")
 def unusual_class(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One class's inbox of exercise 1 as an instructor gets it: copied cells, lost metadata,
-    IPython lines around the answer, Chinese notebooks. Graded in one run, as the instructor would,
+    IPython lines around the answer, Chinese notebooks, unreadable metadata. Graded in one run, as the instructor would,
     with the default workers."""
     inbox = tmp_path_factory.mktemp("unusual")
-    for write in (_copied_cells, _lost_ids, _left_around, _chinese):
+    for write in (_copied_cells, _lost_ids, _left_around, _chinese, _unreadable_metadata):
         write(inbox)
     course = tmp_path_factory.mktemp("unusual_course")
     done = _grader("autograde", str(inbox), "--course", str(course), "--part-timeout", str(PART_TIMEOUT))
@@ -401,7 +415,7 @@ def test_an_unusual_class_is_graded_in_full(unusual_class: dict[str, Any]) -> No
     done = unusual_class["done"]
     assert done.returncode == 0, unusual_class["said"]
     assert "Traceback" not in unusual_class["said"], unusual_class["said"]
-    assert "graded 11 of 11 submissions" in done.stdout and "failed to grade: none" in done.stdout, done.stdout
+    assert "graded 12 of 12 submissions" in done.stdout and "failed to grade: none" in done.stdout, done.stdout
 
 
 def _full_marks(said: str, student: str) -> bool:
@@ -434,7 +448,17 @@ def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_de
         assert f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): graded " \
                f"from cell " in said, said
     others = [line for line in said.splitlines() if "no cell carries the answer's nbgrader id" in line]
-    assert len(others) == 2, others  # no other submission is said to have lost it
+    assert len(others) == 3, others  # and broken_eve's (below): no other submission is said to have lost it
+
+
+def test_nbgrader_metadata_that_cannot_be_read_is_dropped_and_the_answer_graded(unusual_class: dict[str, Any]) -> None:
+    said = unusual_class["said"]
+    assert _full_marks(said, "broken_eve"), said
+    assert "broken_eve: the nbgrader metadata of 3 cell(s) could not be read and was dropped" in said, said
+    assert "broken_eve: no cell carries the answer's nbgrader id" in said, said
+    graded = nbformat.read(unusual_class["course"] / "autograded" / "broken_eve" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+    grade_ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in graded.cells]
+    assert "test_divisible" in grade_ids and all(isinstance(g, (str, type(None))) for g in grade_ids), grade_ids  # put back
 
 
 def test_what_a_student_leaves_around_the_function_does_not_cost_the_answer(unusual_class: dict[str, Any]) -> None:

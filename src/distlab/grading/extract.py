@@ -22,8 +22,10 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
     later: set[str] = set()
     kept = []
     for cell in reversed(cells):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = _nbgrader_metadata(cell)
         grade_id = meta.get("grade_id")
+        if not isinstance(grade_id, str):
+            continue  # no id, or one no answer cell can have (a list, a number): not an answer
         flagged = any(meta.get(flag) for flag in ("grade", "solution", "locked"))
         if flagged and grade_id in later:
             continue  # an earlier copy: nbgrader empties its metadata
@@ -32,6 +34,37 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
         if cell.get("cell_type") == "code" and grade_id in solution_ids:
             kept.append(_source(cell))
     return "\n\n".join(reversed(kept))
+
+
+def _nbgrader_metadata(cell: dict[str, Any]) -> dict[str, Any]:
+    """A cell's nbgrader metadata, {} where a hand-edited notebook holds something else there."""
+    metadata = cell.get("metadata")
+    nbgrader = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    return nbgrader if isinstance(nbgrader, dict) else {}
+
+
+def drop_unreadable_nbgrader_metadata(nb: dict[str, Any]) -> int:
+    """Make plain cells of cells whose nbgrader metadata nbgrader cannot read; returns how many.
+
+    A hand-edited notebook (or a hostile one) may hold a string where nbgrader expects a mapping,
+    or a list as a grade id. nbgrader then fails on the whole submission, and the grader skipped it
+    as "no answer cell". As plain cells they cost nothing: nbgrader puts every test cell back from
+    the instructor's copy, and the answer cell is still found by the function it defines.
+    """
+    cells = nb.get("cells")
+    dropped = 0
+    for cell in cells if isinstance(cells, list) else []:
+        if not isinstance(cell, dict):
+            continue
+        metadata = cell.get("metadata")
+        if not isinstance(metadata, dict):
+            cell["metadata"] = {}
+            dropped += 1
+        elif "nbgrader" in metadata and not (isinstance(metadata["nbgrader"], dict)
+                                             and isinstance(metadata["nbgrader"].get("grade_id", ""), str)):
+            del metadata["nbgrader"]
+            dropped += 1
+    return dropped
 
 
 def _source(cell: Any) -> str:
@@ -55,8 +88,8 @@ def recover_answer_cell(nb: Any, solution_ids: Sequence[str], function: str) -> 
     code cell without an id that defines ``function`` becomes the answer cell. Returns its index,
     or None when nothing was missing or nothing could stand in.
     """
-    cells = nb.get("cells", [])
-    ids = [cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") for cell in cells]
+    cells = [cell for cell in nb.get("cells", []) if isinstance(cell, dict)]
+    ids = [_nbgrader_metadata(cell).get("grade_id") for cell in cells]
     if len(solution_ids) != 1 or set(ids) & set(solution_ids):
         return None
     found = [i for i, cell in enumerate(cells) if ids[i] is None and defines(cell, function)]
