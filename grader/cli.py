@@ -155,7 +155,8 @@ def cmd_autograde(args: argparse.Namespace) -> int:
         known = entry(name)
         recovered = recover_answer_cell(notebook, known.solution_ids, known.function)
         if dropped:
-            print(f"{student}: the nbgrader metadata of {dropped} cell(s) could not be read and was dropped "
+            cells = "1 cell" if dropped == 1 else f"{dropped} cells"
+            print(f"{student}: the nbgrader metadata of {cells} could not be read and was dropped "
                   f"(the tests come from the released notebook)", file=sys.stderr)
         if recovered is not None:
             print(f"{student}: no cell carries the answer's nbgrader id (a tool dropped the cells' metadata): "

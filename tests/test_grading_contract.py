@@ -454,7 +454,7 @@ def test_an_answer_cell_that_lost_its_nbgrader_id_is_found_by_the_function_it_de
 def test_nbgrader_metadata_that_cannot_be_read_is_dropped_and_the_answer_graded(unusual_class: dict[str, Any]) -> None:
     said = unusual_class["said"]
     assert _full_marks(said, "broken_eve"), said
-    assert "broken_eve: the nbgrader metadata of 3 cell(s) could not be read and was dropped" in said, said
+    assert "broken_eve: the nbgrader metadata of 3 cells could not be read and was dropped" in said, said
     assert "broken_eve: no cell carries the answer's nbgrader id" in said, said
     graded = nbformat.read(unusual_class["course"] / "autograded" / "broken_eve" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
     grade_ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in graded.cells]
