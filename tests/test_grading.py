@@ -147,7 +147,7 @@ def test_of_pasted_answer_cells_the_one_nbgrader_keeps_is_graded() -> None:
 
 def test_answer_cells_are_read_past_metadata_nbgrader_cannot_read() -> None:
     """A hand-edited notebook: a list as a grade id made the parallel pass's reader raise."""
-    from distlab.grading.extract import drop_unreadable_nbgrader_metadata
+    from distlab.grading.extract import drop_unreadable_nbgrader_metadata, recover_answer_cell
 
     answer = {"nbgrader": {"grade_id": "all_reduce_rs_ag", "solution": True}}
     nb = {"cells": [
@@ -161,6 +161,9 @@ def test_answer_cells_are_read_past_metadata_nbgrader_cannot_read() -> None:
     assert drop_unreadable_nbgrader_metadata(nb) == 3
     assert [c["metadata"] for c in nb["cells"] if isinstance(c, dict)] == [{}, {}, {}, answer]
     assert drop_unreadable_nbgrader_metadata(nb) == 0
+    lost = {"cells": ["not a cell", {"cell_type": "code", "source": "a = 1", "metadata": {"nbgrader": {"grade_id": ["x"]}}},
+                      {"cell_type": "code", "source": "def all_reduce_rs_ag(t):\n    return t", "metadata": {}}]}
+    assert recover_answer_cell(lost, EX1.solution_ids, "all_reduce_rs_ag") == 2  # the cell's own place
 
 
 def test_results_round_trip_as_json() -> None:

@@ -88,11 +88,11 @@ def recover_answer_cell(nb: Any, solution_ids: Sequence[str], function: str) -> 
     code cell without an id that defines ``function`` becomes the answer cell. Returns its index,
     or None when nothing was missing or nothing could stand in.
     """
-    cells = [cell for cell in nb.get("cells", []) if isinstance(cell, dict)]
-    ids = [_nbgrader_metadata(cell).get("grade_id") for cell in cells]
-    if len(solution_ids) != 1 or set(ids) & set(solution_ids):
+    cells = nb.get("cells", [])
+    ids = [_nbgrader_metadata(cell).get("grade_id") if isinstance(cell, dict) else None for cell in cells]
+    if len(solution_ids) != 1 or {i for i in ids if isinstance(i, str)} & set(solution_ids):
         return None
-    found = [i for i, cell in enumerate(cells) if ids[i] is None and defines(cell, function)]
+    found = [i for i, cell in enumerate(cells) if isinstance(cell, dict) and ids[i] is None and defines(cell, function)]
     if not found:
         return None
     metadata = cells[found[-1]].setdefault("metadata", {})
