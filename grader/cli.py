@@ -61,17 +61,14 @@ def _read_submission(path: Path) -> dict[str, object]:
 def _assignment_of(notebook: dict[str, object], wanted: str | None) -> str | None:
     """The assignment a submitted notebook belongs to: by its answer cells' ids, whatever its name."""
     from distlab.grading.catalog import ENTRIES, entry
-    from distlab.grading.extract import defines
+    from distlab.grading.extract import cell_grade_id, defines
 
     if wanted:
         return entry(wanted).assignment
     cells = notebook.get("cells", [])
     if not isinstance(cells, list):  # not a notebook's cells: no answer cell to find
         return None
-    try:
-        ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)}
-    except (AttributeError, TypeError):  # metadata that is not a mapping: no answer cell to find
-        return None
+    ids = {cell_grade_id(c) for c in cells}
     for known in ENTRIES:
         if ids & set(known.solution_ids):
             return known.assignment

@@ -18,14 +18,13 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
     last counts, as nbgrader's DeduplicateIds leaves it: the parallel pass then grades the very
     source nbgrader's pass reads, and its result is taken instead of grading the student twice.
     """
-    cells = [c for c in nb.get("cells", []) if isinstance(c, dict)]
     later: set[str] = set()
     kept = []
-    for cell in reversed(cells):
+    for cell in reversed(nb.get("cells", [])):
+        grade_id = cell_grade_id(cell)
+        if grade_id is None:  # no id, or not a cell
+            continue
         meta = _nbgrader_metadata(cell)
-        grade_id = meta.get("grade_id")
-        if not isinstance(grade_id, str):
-            continue  # no id, or one no answer cell can have (a list, a number): not an answer
         flagged = any(meta.get(flag) for flag in ("grade", "solution", "locked"))
         if flagged and grade_id in later:
             continue  # an earlier copy: nbgrader empties its metadata
@@ -34,6 +33,13 @@ def solution_source(nb: Any, solution_ids: Sequence[str]) -> str:
         if cell.get("cell_type") == "code" and grade_id in solution_ids:
             kept.append(_source(cell))
     return "\n\n".join(reversed(kept))
+
+
+def cell_grade_id(cell: Any) -> str | None:
+    """A cell's nbgrader grade id; None for a cell without one, or with one no answer cell can have
+    (a list, a number: a hand edit), or for what is not a cell at all."""
+    grade_id = _nbgrader_metadata(cell).get("grade_id") if isinstance(cell, dict) else None
+    return grade_id if isinstance(grade_id, str) else None
 
 
 def _nbgrader_metadata(cell: dict[str, Any]) -> dict[str, Any]:
@@ -89,8 +95,8 @@ def recover_answer_cell(nb: Any, solution_ids: Sequence[str], function: str) -> 
     or None when nothing was missing or nothing could stand in.
     """
     cells = nb.get("cells", [])
-    ids = [_nbgrader_metadata(cell).get("grade_id") if isinstance(cell, dict) else None for cell in cells]
-    if len(solution_ids) != 1 or {i for i in ids if isinstance(i, str)} & set(solution_ids):
+    ids = [cell_grade_id(cell) for cell in cells]
+    if len(solution_ids) != 1 or set(ids) & set(solution_ids):
         return None
     found = [i for i, cell in enumerate(cells) if isinstance(cell, dict) and ids[i] is None and defines(cell, function)]
     if not found:
