@@ -55,14 +55,24 @@ def alembic_head() -> str:
 
 
 def read_alembic_head_in_process() -> None:
-    """Make nbgrader take the schema version from ``alembic_head`` (same answer, no child process)."""
+    """Make nbgrader take the schema version from ``alembic_head`` (same answer, no child process).
+
+    Asked only when nbgrader makes a new gradebook, not by every command that makes a Course.
+    """
     import nbgrader.api
 
-    try:
-        alembic_head()
-    except Exception:  # noqa: BLE001 - another nbgrader or alembic: keep nbgrader's own way
+    own_way = nbgrader.api.get_alembic_version
+    if getattr(own_way, "reads_in_process", False):
         return
-    nbgrader.api.get_alembic_version = alembic_head
+
+    def schema_version() -> str:
+        try:
+            return alembic_head()
+        except Exception:  # noqa: BLE001 - another nbgrader or alembic: nbgrader's own way
+            return str(own_way())
+
+    schema_version.reads_in_process = True  # type: ignore[attr-defined]
+    nbgrader.api.get_alembic_version = schema_version
 
 
 def assignments() -> list[str]:
