@@ -309,15 +309,26 @@ def test_a_file_that_is_no_notebook_is_named_not_graded_and_fails_the_run(tmp_pa
 
 
 # --- one class of unusual submissions, graded in one run ------------------------------------------------
+def _solution() -> nbformat.NotebookNode:
+    """A fresh copy of exercise 1's solved fixture, for a writer below to edit."""
+    return nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+
+
+def _answer_at(nb: nbformat.NotebookNode) -> int:
+    return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("solution"))
+
+
+def _visible_test_at(nb: nbformat.NotebookNode) -> int:
+    return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade")
+                and c.metadata["nbgrader"].get("locked"))
+
+
 def _copied_cells(inbox: Path) -> None:
     """JupyterLab copies a cell with its nbgrader metadata: a student who pasted the answer cell
     (and a visible test) to try things leaves two cells with one grade id."""
-    solution = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
-    answer = next(i for i, c in enumerate(solution.cells) if c.metadata.get("nbgrader", {}).get("solution"))
-    visible = next(i for i, c in enumerate(solution.cells) if c.metadata.get("nbgrader", {}).get("grade")
-                   and c.metadata["nbgrader"].get("locked"))
     for student, first_source in (("copied_ada", None), ("copied_bob", "def all_reduce_rs_ag(*args):\n    pass\n")):
-        nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+        nb = _solution()
+        answer, visible = _answer_at(nb), _visible_test_at(nb)
         pasted = [copy.deepcopy(nb.cells[visible]), copy.deepcopy(nb.cells[answer])]
         for cell, new_id in zip(pasted, ("pasted-test", "pasted-answer"), strict=True):
             cell.id = new_id  # a paste gets a fresh id and keeps the metadata
@@ -331,13 +342,12 @@ def _copied_cells(inbox: Path) -> None:
 def _lost_ids(inbox: Path) -> None:
     """A notebook saved by a tool that drops cell metadata (lost_ada), and one whose answer cell
     was deleted and typed again as a new cell (retyped_bob)."""
-    stripped = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
+    stripped = _solution()
     for cell in stripped.cells:
         cell.metadata = nbformat.NotebookNode()
     nbformat.write(stripped, inbox / "lost_ada.ipynb")
-    retyped = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
-    answer = next(c for c in retyped.cells if c.metadata.get("nbgrader", {}).get("solution"))
-    retyped.cells.remove(answer)
+    retyped = _solution()
+    answer = retyped.cells.pop(_answer_at(retyped))
     retyped.cells.append(nbformat.v4.new_code_cell(answer.source))
     nbformat.write(retyped, inbox / "retyped_bob.ipynb")
 
@@ -355,8 +365,8 @@ LEFT_AROUND = {
 def _left_around(inbox: Path) -> None:
     """IPython lines a student leaves in the answer cell, and a demo that starts ranks."""
     for student, edit in LEFT_AROUND.items():
-        nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
-        answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+        nb = _solution()
+        answer = nb.cells[_answer_at(nb)]
         before = answer.source
         answer.source = edit(answer.source)
         assert answer.source != before, student
@@ -385,10 +395,8 @@ def _unreadable_metadata(inbox: Path) -> None:
     """Hand-edited nbgrader metadata (broken_eve): a string where nbgrader expects a mapping, a list
     as a test cell's grade id, a list as the answer cell's metadata. nbgrader fails on such a
     notebook, and the grader skipped it as having no answer cell."""
-    nb = nbformat.read(FIXTURES / ASSIGNMENT / "solution.ipynb", as_version=4)
-    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
-    test = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
-                and c.metadata["nbgrader"].get("locked"))
+    nb = _solution()
+    answer, test = nb.cells[_answer_at(nb)], nb.cells[_visible_test_at(nb)]
     nb.cells[0].metadata["nbgrader"] = "oops"
     test.metadata["nbgrader"]["grade_id"] = ["test", "ops"]
     answer.metadata["nbgrader"] = []
