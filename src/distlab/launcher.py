@@ -97,6 +97,24 @@ def preload_extras() -> None:
                 print(f"distlab launcher: could not preload {name}: {exc}", file=sys.stderr)
 
 
+def preload_grading() -> None:
+    """What every grading rank imports: the grading harness and every exercise module, whose
+    catalog parses each exercise's source (about 110 ms of one core per rank, paid again by each of
+    the ranks of every batch of every part, about 150 ranks per class member). Loaded once, before
+    the first grading ranks are forked, so they start with it. Only the kit's own modules: nothing
+    a submission sends is in them."""
+    with _collector_paused():
+        try:
+            import distlab.trace  # noqa: F401 - the recorder every part's guard starts
+            from distlab.grading import harness  # noqa: F401
+            from distlab.grading.catalog import ENTRIES
+
+            for known in ENTRIES:
+                known.load()
+        except Exception as exc:  # noqa: BLE001 - an optional speed-up; ranks import it themselves if needed
+            print(f"distlab launcher: could not preload the grading modules: {exc}", file=sys.stderr)
+
+
 class Launcher:
     def __init__(self, conn: Connection, path: str, key: bytes, parent: int) -> None:
         self.conn = conn
@@ -108,6 +126,7 @@ class Launcher:
         self.reasons: dict[int, str] = {}  # pid -> why the launcher ended it
         self.trackers: set[int] = set()  # pids of the resource trackers ranks share (see start_tracker)
         self._networks_work: bool | None = None  # can grading ranks get a network of their own? (asked once)
+        self._grading_loaded = False
         self._next_quota_check = 0.0
 
     def serve(self) -> None:
@@ -140,6 +159,9 @@ class Launcher:
                     _kill_group(pid)
 
     def spawn(self, request: SpawnRanks) -> None:
+        if request.writes_confined and not self._grading_loaded:  # grading ranks: see preload_grading
+            preload_grading()
+            self._grading_loaded = True
         network = self._private_network(request)
         store: socket.socket | None = None
         if network is not None:  # rank 0 makes its store in the ranks' own network, on known ports
