@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -268,6 +269,8 @@ class Workers:
         spec = [{"student": j.student, "assignment": j.assignment, "notebook": str(j.notebook),
                  "out": str(self.out[j])} for j in jobs]
         protect = [arg for folder in course.protected() for arg in ("--protect", folder)]
+        budgets = folder / "budgets"  # timed afresh for each run: the load of the day sets them
+        shutil.rmtree(budgets, ignore_errors=True)
         job_file = folder / "jobs.json"
         job_file.write_text(json.dumps(spec))
         count = max(1, min(count, len(jobs)))
@@ -281,7 +284,7 @@ class Workers:
             self.logs.append(log)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout),
-                 "--references", str(SOLUTIONS), *protect],
+                 "--references", str(SOLUTIONS), "--budgets", str(budgets), *protect],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def wait_for(self, job: Job) -> None:

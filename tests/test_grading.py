@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
+import os
 import pickle
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -447,3 +451,72 @@ def test_an_answer_cell_without_its_id_is_the_last_cell_defining_the_function() 
     assert recover_answer_cell(nb, ("f",), "f") is None  # it has its id now: nothing more to do
     assert recover_answer_cell({"cells": [cell("def g(): pass")]}, ("f",), "f") is None
     assert recover_answer_cell({"cells": [cell("def f(): pass")]}, ("f", "f_helpers"), "f") is None
+
+
+
+# --- the reference's timing, shared by the workers of one class ------------------------------------
+_SHARED_WORKER = r"""
+import json, os, sys, time
+from distlab.grading.runner import Budgets
+from distlab.grading.session import SharedBudgets
+folder, log = sys.argv[1], sys.argv[2]
+open(os.path.join(folder, f"ready-{os.getpid()}"), "w").close()
+while len([n for n in os.listdir(folder) if n.startswith("ready-")]) < 2:  # start together
+    time.sleep(0.001)
+def measure():
+    with open(log, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    return Budgets({"divisible": 2.5}, 4.0, 20.0)
+print(json.dumps(SharedBudgets(folder, 20.0).get("ex1_all_reduce_rs_ag", measure).expected))
+"""
+
+
+def test_the_workers_of_one_class_time_each_reference_once(tmp_path: Path) -> None:
+    log = tmp_path / "measured.log"
+    workers = [subprocess.Popen([sys.executable, "-c", _SHARED_WORKER, str(tmp_path), str(log)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert [json.loads(out) for out, _ in outputs] == [{"divisible": 2.5}] * 2
+    assert len(log.read_text().splitlines()) == 1  # one of the two timed it, the other read it
+    assert not list(tmp_path.glob("*.claim"))
+
+
+def test_a_worker_waits_for_the_budgets_another_worker_is_timing(tmp_path: Path) -> None:
+    from distlab.grading.session import SharedBudgets
+
+    (tmp_path / "ex1_all_reduce_rs_ag.json.claim").write_text(str(os.getpid()))  # a live claimant
+    measured: list[str] = []
+    got: list[runner.Budgets] = []
+
+    def measure() -> runner.Budgets:
+        measured.append("here")
+        return runner.Budgets({}, 0.0, 20.0)
+
+    waiter = threading.Thread(target=lambda: got.append(SharedBudgets(str(tmp_path), 20.0).get(EX1.assignment, measure)))
+    waiter.start()
+    timed = runner.Budgets({"divisible": 3.0}, 5.0, 20.0)  # what the claimant then writes
+    (tmp_path / "ex1_all_reduce_rs_ag.json").write_text(json.dumps(dataclasses.asdict(timed)))
+    waiter.join(timeout=120)
+    assert got == [timed] and measured == []
+
+
+def test_a_claim_given_back_or_left_by_a_dead_worker_is_not_waited_for(tmp_path: Path) -> None:
+    from distlab.errors import ReferenceFailed
+    from distlab.grading.session import SharedBudgets
+
+    shared = SharedBudgets(str(tmp_path), 1000.0)  # waiting out a claim would take hours: the test would time out
+    timed = runner.Budgets({"divisible": 2.0}, 4.0, 1000.0)
+
+    def failing() -> runner.Budgets:
+        raise ReferenceFailed.on_part(EX1.assignment, "divisible", "wrong")
+
+    with pytest.raises(ReferenceFailed):
+        shared.get(EX1.assignment, failing)
+    assert not (tmp_path / "ex1_all_reduce_rs_ag.json.claim").exists()  # given back
+    assert shared.get(EX1.assignment, lambda: timed) == timed  # the next worker times it itself
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "ex1_all_reduce_rs_ag.json").unlink()
+    (tmp_path / "ex1_all_reduce_rs_ag.json.claim").write_text(gone.stdout.strip())  # a worker that died timing it
+    assert shared.get(EX1.assignment, lambda: timed) == timed

@@ -70,16 +70,20 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             name = f"{fixture.stem.replace('_', ' ').title()} ({mark}).ipynb"
             (inbox / name).write_bytes(fixture.read_bytes())
     stdout = ""
+    timed: list[list[str]] = []  # per run: the references each worker timed (their logs say so)
     for folder in (FIXTURES / ASSIGNMENT, inbox):
         done = _grader("autograde", str(folder), "--course", str(course), "--jobs", "2",
                        "--part-timeout", str(PART_TIMEOUT))
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stderr == ""
         stdout += done.stdout
+        logs = "".join(log.read_text() for log in (course / "trusted").glob("worker-*.log"))
+        timed.append(sorted(line.split()[4].rstrip(":") for line in logs.splitlines()
+                            if line.startswith("timed the reference of ")))
     export = _grader("export", "--course", str(course))
     assert export.returncode == 0, export.stderr
     rows = {(row["student"], row["assignment"]): row for row in csv.DictReader(io.StringIO(export.stdout))}
-    return {"course": course, "rows": rows, "stdout": stdout}
+    return {"course": course, "rows": rows, "stdout": stdout, "timed": timed}
 
 
 def _scores(row: dict[str, str], parts: tuple[str, ...] = PARTS) -> dict[str, int]:
@@ -149,6 +153,11 @@ def test_a_submission_that_hangs_everywhere_pays_about_one_timeout(graded: dict[
     # each later part stops at its own small budget, never at the part timeout the old design paid
     # seven times (a bound in budgets, not in wall-clock seconds: this machine may be loaded)
     assert all(seconds < PART_TIMEOUT for seconds in later), later
+
+
+def test_two_workers_time_each_reference_once_per_run(graded: dict[str, Any]) -> None:
+    """Both workers need every assignment's budgets; one times the reference, the other reads it."""
+    assert graded["timed"] == [[ASSIGNMENT], sorted(INBOX)]
 
 
 def test_autograde_shows_progress_and_a_summary(graded: dict[str, Any]) -> None:

@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of nbgrader source notebooks (<a>/<a>.ipynb) whose answers set the time budgets")
     parser.add_argument("--protect", action="append", default=[],
                         help="a folder submissions may not read (repeatable)")
+    parser.add_argument("--budgets", default="",
+                        help="folder where the workers of one class share the reference's timing")
     args = parser.parse_args(argv)
 
     from distlab.hub import Hub
@@ -57,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     from distlab.grading.extract import solution_source
     from distlab.grading.session import GradingSession
 
-    session = GradingSession(args.part_timeout, args.references, args.protect)
+    session = GradingSession(args.part_timeout, args.references, args.protect, args.budgets)
     with open(args.jobs) as handle:
         jobs = json.load(handle)
     for job in jobs:
         known = entry(job["assignment"])
-        session.budgets(known.assignment)  # time the reference before claiming: a claim is a promise
+        timed = len(session.timed)
+        budgets = session.budgets(known.assignment)  # time the reference before claiming: a claim is a promise
+        if len(session.timed) > timed:
+            print(f"timed the reference of {known.assignment}: {budgets.describe()}", flush=True)
         if not _claim(job["out"]):
             continue
         source = solution_source(_read_notebook(job["notebook"]), known.solution_ids)
