@@ -102,7 +102,9 @@ def preload_grading() -> None:
     catalog parses each exercise's source (about 110 ms of one core per rank, paid again by each of
     the ranks of every batch of every part, about 150 ranks per class member). Loaded once, before
     the first grading ranks are forked, so they start with it. Only the kit's own modules: nothing
-    a submission sends is in them."""
+    a submission sends is in them. A launcher that forks grading ranks then skips preload_extras,
+    which no check needs: its second of import would run while a hanging part keeps the launcher
+    idle, and hold up the spawn of the next part's ranks, whose clock is running."""
     with _collector_paused():
         try:
             import distlab.trace  # noqa: F401 - the recorder every part's guard starts
@@ -141,7 +143,8 @@ class Launcher:
                     self.handle(message)
                     idle_since = time.monotonic()
                 elif not extras_loaded and time.monotonic() - idle_since > EXTRAS_AFTER_IDLE:
-                    preload_extras()
+                    if not self._grading_loaded:  # see preload_grading: grading ranks need none of it
+                        preload_extras()
                     extras_loaded = True
                 self.police_quotas()
                 self.reap()

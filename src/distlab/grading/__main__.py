@@ -57,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from distlab.grading.catalog import entry
     from distlab.grading.extract import solution_source
+    from distlab.grading.runner import warm_up
     from distlab.grading.session import GradingSession
 
+    warm_up()  # a grading rank first, even for a worker that then waits for another's timing (see preload_grading)
     session = GradingSession(args.part_timeout, args.references, args.protect, args.budgets)
     with open(args.jobs) as handle:
         jobs = json.load(handle)

@@ -222,8 +222,9 @@ def calibrate(exercise: Exercise, reference_source: str, cap: float = DEFAULT_PA
 
 
 def warm_up() -> None:
-    """Start distlab's launcher (one torch import) before any part's clock starts ticking."""
-    pool = Pool(1, "gloo", sink=_CaseSink())
+    """Start distlab's launcher (one torch import, then the grading modules: a confined rank, like
+    every graded one) before any part's clock starts ticking."""
+    pool = Pool(1, "gloo", sink=_CaseSink(), confine_writes=True)
     try:
         pool.call(_nothing, timeout=60.0)
     finally:
