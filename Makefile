@@ -20,9 +20,10 @@ endif
 override LANG := C.UTF-8
 endif
 EDITION ?= en
-# Parallel test workers (pytest-xdist): most of the suite waits on kernels, ranks, nbgrader and a
-# browser, so two workers overlap those waits on 2 cores. TEST_JOBS=0 runs in one process.
-TEST_JOBS ?= 2
+# Parallel test workers (pytest-xdist): part of the suite waits on kernels, ranks, nbgrader and a
+# browser, so one worker more than the 2 cores fills those waits (7:08 against 7:37 with two, in
+# docs/measurements.md). TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= 3
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -rs $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 EDITION_DIR := notebooks$(if $(filter zh,$(EDITION)),/zh)
 
