@@ -100,7 +100,7 @@ def preload_extras() -> None:
 def preload_grading() -> None:
     """What every grading rank imports: the grading harness and every exercise module, whose
     catalog parses each exercise's source (about 110 ms of one core per rank, paid again by each of
-    the ranks of every batch of every part, about 150 ranks per class member). Loaded once, before
+    the ranks of every batch of every part: 148 ranks to grade the seven references). Loaded once, before
     the first grading ranks are forked, so they start with it. Only the kit's own modules: nothing
     a submission sends is in them. A launcher that forks grading ranks then skips preload_extras,
     which no check needs: its second of import would run while a hanging part keeps the launcher

@@ -37,7 +37,7 @@ class GradingSession:
         self.reference_dir = reference_dir
         self.protected = tuple(protected)
         self.shared = SharedBudgets(budgets_dir, part_timeout) if budgets_dir else None
-        self.timed: list[tuple[str, Budgets]] = []  # the references this process timed itself, in order
+        self.timed: list[str] = []  # the assignments whose reference this process timed itself, in order
         self._budgets: dict[str, Budgets] = {}
         self._references: dict[str, str] = {}
 
@@ -61,7 +61,7 @@ class GradingSession:
             if source:
                 def measure() -> Budgets:
                     budgets = calibrate(entry(assignment).load(), source, self.part_timeout)
-                    self.timed.append((assignment, budgets))
+                    self.timed.append(assignment)
                     return budgets
 
                 self._budgets[assignment] = self.shared.get(assignment, measure) if self.shared else measure()
@@ -73,7 +73,6 @@ class GradingSession:
         known = entry(assignment)
         return grade_submission(known.load(), source, self.budgets(known.assignment), protected=self.protected,
                                 reference_source=self.reference_source(known.assignment))
-
 
 
 class SharedBudgets:
