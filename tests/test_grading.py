@@ -459,27 +459,59 @@ _SHARED_WORKER = r"""
 import json, os, sys, time
 from distlab.grading.runner import Budgets
 from distlab.grading.session import SharedBudgets
-folder, log = sys.argv[1], sys.argv[2]
+folder, log, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 open(os.path.join(folder, f"ready-{os.getpid()}"), "w").close()
 while len([n for n in os.listdir(folder) if n.startswith("ready-")]) < 2:  # start together
     time.sleep(0.001)
-def measure():
-    with open(log, "a") as handle:
-        handle.write(f"{os.getpid()}\n")
-    return Budgets({"divisible": 2.5}, 4.0, 20.0)
-print(json.dumps(SharedBudgets(folder, 20.0).get("ex1_all_reduce_rs_ag", measure).expected))
+got = []
+for round_ in range(rounds):  # a class each: the two workers race for every one of them
+    def measure():
+        with open(log, "a") as handle:
+            handle.write(f"{round_}\n")
+        return Budgets({"divisible": 2.5 + round_}, 4.0, 20.0)
+    got.append(SharedBudgets(os.path.join(folder, str(round_)), 20.0).get("ex1_all_reduce_rs_ag", measure).expected)
+print(json.dumps(got))
 """
+ROUNDS = 100
 
 
 def test_the_workers_of_one_class_time_each_reference_once(tmp_path: Path) -> None:
     log = tmp_path / "measured.log"
-    workers = [subprocess.Popen([sys.executable, "-c", _SHARED_WORKER, str(tmp_path), str(log)],
+    workers = [subprocess.Popen([sys.executable, "-c", _SHARED_WORKER, str(tmp_path), str(log), str(ROUNDS)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [w.communicate(timeout=120) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
-    assert [json.loads(out) for out, _ in outputs] == [{"divisible": 2.5}] * 2
-    assert len(log.read_text().splitlines()) == 1  # one of the two timed it, the other read it
-    assert not list(tmp_path.glob("*.claim"))
+    expected = [{"divisible": 2.5 + r} for r in range(ROUNDS)]
+    assert [json.loads(out) for out, _ in outputs] == [expected, expected]
+    # in every round one of the two timed it and the other read it
+    assert sorted(int(line) for line in log.read_text().splitlines()) == list(range(ROUNDS))
+    assert not list(tmp_path.glob("*/*.claim"))
+
+
+def test_a_worker_that_claims_just_as_another_lets_go_reads_its_budgets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a loaded machine once hit: this worker looked (no budgets yet), the other wrote them
+    and gave its claim up, and this worker's claim then succeeded. It must read them, not time again."""
+    from distlab.grading import session
+
+    timed = runner.Budgets({"divisible": 3.0}, 5.0, 20.0)
+    (tmp_path / "ex1_all_reduce_rs_ag.json").write_text(json.dumps(dataclasses.asdict(timed)))
+    looks: list[str] = []
+    real_read = session._read_budgets
+
+    def read_too_early(path: str) -> runner.Budgets | None:
+        looks.append(path)
+        return None if len(looks) == 1 else real_read(path)  # the first look came before the write
+
+    monkeypatch.setattr(session, "_read_budgets", read_too_early)
+    measured: list[str] = []
+
+    def measure() -> runner.Budgets:
+        measured.append("again")
+        return runner.Budgets({}, 0.0, 20.0)
+
+    assert session.SharedBudgets(str(tmp_path), 20.0).get(EX1.assignment, measure) == timed
+    assert measured == [] and not (tmp_path / "ex1_all_reduce_rs_ag.json.claim").exists()
 
 
 def test_a_worker_waits_for_the_budgets_another_worker_is_timing(tmp_path: Path) -> None:

@@ -104,7 +104,11 @@ class SharedBudgets:
             if found is not None:
                 return found
             if _claim(claim):
-                break
+                found = _read_budgets(path)  # the last claimant may have written them and let go just now
+                if found is None:
+                    break
+                os.unlink(claim)
+                return found
             alive = _claimant_alive(claim)
             if alive is False or time.monotonic() > deadline:
                 return measure()  # the claimant is gone (or stuck): time it here
