@@ -29,16 +29,6 @@ def _read_notebook(path: str) -> dict:  # type: ignore[type-arg]
     return nb if isinstance(nb, dict) else {}
 
 
-def _claim(out: str) -> bool:
-    """True for exactly one of the workers that ask (the claim file is created exclusively)."""
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    try:
-        os.close(os.open(out + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.grading", description=__doc__)
     parser.add_argument("jobs", help="JSON file listing the submissions to grade")
@@ -58,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from distlab.grading.catalog import entry
     from distlab.grading.extract import solution_source
     from distlab.grading.runner import warm_up
-    from distlab.grading.session import GradingSession
+    from distlab.grading.session import GradingSession, claim
 
     warm_up()  # a grading rank first, even for a worker that then waits for another's timing (see preload_grading)
     session = GradingSession(args.part_timeout, args.references, args.protect, args.budgets)
@@ -70,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         budgets = session.budgets(known.assignment)  # time the reference before claiming: a claim is a promise
         if len(session.timed) > timed:
             print(f"timed the reference of {known.assignment}: {budgets.describe()}", flush=True)
-        if not _claim(job["out"]):
+        if not claim(job["out"] + ".claim"):
             continue
         source = solution_source(_read_notebook(job["notebook"]), known.solution_ids)
         result = session.grade(known.assignment, source)

@@ -96,33 +96,33 @@ class SharedBudgets:
 
     def get(self, assignment: str, measure: Callable[[], Budgets]) -> Budgets:
         path = os.path.join(self.folder, f"{assignment}.json")
-        claim = path + ".claim"
+        claim_path = path + ".claim"
         # the longest another worker's timing can take: every part to the part timeout
         deadline = time.monotonic() + len(entry(assignment).parts) * self.part_timeout + 30
         while True:
             found = _read_budgets(path)
             if found is not None:
                 return found
-            if _claim(claim):
+            if claim(claim_path):
                 found = _read_budgets(path)  # the last claimant may have written them and let go just now
                 if found is None:
                     break
-                os.unlink(claim)
+                os.unlink(claim_path)
                 return found
-            alive = _claimant_alive(claim)
+            alive = _claimant_alive(claim_path)
             if alive is False or time.monotonic() > deadline:
                 return measure()  # the claimant is gone (or stuck): time it here
             time.sleep(self.POLL)  # alive, or the claim was just given back: look again
         try:
             budgets = measure()
         except BaseException:
-            os.unlink(claim)
+            os.unlink(claim_path)
             raise
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(asdict(budgets), handle)
         os.replace(tmp, path)
-        os.unlink(claim)  # the budgets are there: nobody looks at the claim any more
+        os.unlink(claim_path)  # the budgets are there: nobody looks at the claim any more
         return budgets
 
 
@@ -134,10 +134,12 @@ def _read_budgets(path: str) -> Budgets | None:
         return None
 
 
-def _claim(claim: str) -> bool:
-    """True for exactly one of the processes that ask; the file then says which process it is."""
+def claim(path: str) -> bool:
+    """True for exactly one of the processes that ask (the claim file is created exclusively); the
+    file then says which process it is. Claims a job or an assignment's timing alike."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
-        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as handle:
