@@ -1,4 +1,5 @@
-"""The course directory nbgrader keeps: a new gradebook costs no child process."""
+"""The course directory nbgrader keeps, and what an instructor's command costs before it starts:
+a new gradebook costs no child process, and no grammar is compiled that no notebook needs."""
 
 from __future__ import annotations
 
@@ -28,3 +29,24 @@ def test_a_new_gradebook_is_stamped_with_alembics_head_read_in_this_process(
         pass
     stamped = sqlite3.connect(tmp_path / "gradebook.db").execute("select version_num from alembic_version").fetchall()
     assert stamped == [(heads.split()[0],)], (stamped, heads)
+
+
+IRI_CHECK = """
+import sys
+import grader.cli  # what `python -m grader ...` imports: nbformat, jsonschema, nbgrader
+print("rfc3987_syntax.syntax_helpers" in sys.modules)
+from jsonschema import Draft7Validator, FormatChecker
+check = Draft7Validator({"type": "string", "format": "iri"}, format_checker=FormatChecker())
+print([e.message for e in check.iter_errors("http://例子.测试/路径")], [e.message for e in check.iter_errors("no iri ::")])
+print("rfc3987_syntax.syntax_helpers" in sys.modules)
+"""
+
+
+def test_the_grader_compiles_the_iri_grammar_only_when_an_iri_is_checked() -> None:
+    """jsonschema imports rfc3987_syntax, which compiles a Lark grammar (0.84 s, a third of
+    `python -m grader export`) that no notebook schema uses. The grader's commands load it only
+    when a schema checks an IRI, and such a check answers as before."""
+    done = subprocess.run([sys.executable, "-c", IRI_CHECK], capture_output=True, text=True, timeout=120,
+                          encoding="utf-8")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines() == ["False", "[] [\"'no iri ::' is not a 'iri'\"]", "True"], done.stdout
