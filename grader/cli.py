@@ -21,7 +21,7 @@ import time
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import nbformat
 from tqdm import tqdm
@@ -322,16 +322,19 @@ def _print_scores(course: Course, only: set[tuple[str, str]]) -> None:
 
 # --- feedback and export --------------------------------------------------------------------------
 def cmd_feedback(args: argparse.Namespace) -> int:
-    course = Course(Path(args.course))
-    names = [args.assignment] if args.assignment else sorted({r["assignment"] for r in course.scores()})
-    for name in names:
+    course = _graded_course(args.course)
+    graded = sorted({r["assignment"] for r in course.scores()})
+    if not graded or (args.assignment and args.assignment not in graded):
+        raise NoGradebook(f"no submission of {args.assignment or 'any assignment'} was graded in {course.root} "
+                          f"(graded there: {', '.join(graded) or 'none'})")
+    for name in [args.assignment] if args.assignment else graded:
         course.feedback(name)
     print(f"feedback: {course.root / 'feedback'}/<student>/<assignment>/<assignment>.html")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    rows = Course(Path(args.course)).scores()
+    rows = _graded_course(args.course).scores()
     columns = ["student", "assignment"]
     for row in rows:
         columns += [k for k in row if k not in columns and k.startswith("test_")]
@@ -347,13 +350,47 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _more_than_zero(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a number above 0 (0 workers or a negative budget would grade nothing)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a number more than 0, not {text}")
+        return value
+    return parse
+
+
+def _graded_exercises() -> list[str]:
+    from distlab.grading.catalog import ENTRIES
+
+    return [known.assignment for known in ENTRIES]
+
+
+def _graded_course(path: str) -> Course:
+    """The course at ``path``, which must already hold a gradebook (else nbgrader would make an
+    empty one, or fail deep in SQLAlchemy when the folder is missing)."""
+    course = Course(Path(path))
+    if not (course.root / "gradebook.db").is_file():
+        raise NoGradebook(f"no gradebook in {course.root}: nothing was graded there yet "
+                          f"(python -m grader autograde SUBMISSIONS --course {path})")
+    return course
+
+
+class NoGradebook(Exception):
+    """feedback or export asked of a course folder that autograde never wrote."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     release = sub.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
-    release.add_argument("assignments", nargs="*", help="default: every assignment in solutions/")
+    release.add_argument("assignments", nargs="*", metavar="ASSIGNMENT", choices=assignments(),
+                         help=f"one of {', '.join(assignments())} (default: all)")
     release.add_argument("--check", action="store_true", help="only report (exit 1) if exercises/ is stale")
     release.add_argument("--lang", choices=[*LANGUAGES, "all"], default="all",
                          help="which edition: en (exercises/), zh (exercises/zh/), or all (default)")
@@ -365,17 +402,19 @@ def build_parser() -> argparse.ArgumentParser:
     auto = sub.add_parser("autograde", help="grade a folder or zip of submitted notebooks (any file names)")
     auto.add_argument("submissions", help="a folder of .ipynb files (any names, or a folder per student), "
                                           "a learning platform's .zip of them, or one notebook")
-    auto.add_argument("-a", "--assignment", help="default: recognised from each notebook's cells")
-    auto.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+    auto.add_argument("-a", "--assignment", choices=_graded_exercises(), metavar="ASSIGNMENT",
+                      help="default: recognised from each notebook's cells")
+    auto.add_argument("-j", "--jobs", type=_more_than_zero(int), default=os.cpu_count() or 1,
                       help="parallel grading processes (default: CPU count)")
-    auto.add_argument("--part-timeout", type=float, default=30.0,
+    auto.add_argument("--part-timeout", type=_more_than_zero(float), default=30.0,
                       help="seconds any graded part may run at most (default 30); each part's own budget "
                            "comes from the reference solution's time on this machine")
     course_option(auto)
     auto.set_defaults(run=cmd_autograde)
 
     feedback = sub.add_parser("feedback", help="write HTML feedback for every autograded submission")
-    feedback.add_argument("-a", "--assignment")
+    feedback.add_argument("-a", "--assignment", choices=_graded_exercises(), metavar="ASSIGNMENT",
+                          help="default: every assignment graded in the course")
     course_option(feedback)
     feedback.set_defaults(run=cmd_feedback)
 
@@ -395,6 +434,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except ReferenceFailed as exc:
+    except (ReferenceFailed, NoGradebook) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

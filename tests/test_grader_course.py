@@ -50,3 +50,33 @@ def test_the_grader_compiles_the_iri_grammar_only_when_an_iri_is_checked() -> No
                           encoding="utf-8")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.splitlines() == ["False", "[] [\"'no iri ::' is not a 'iri'\"]", "True"], done.stdout
+
+
+MISTAKES = {  # what an instructor may type, and what the grader must answer (one line, exit code 2)
+    "export a course never graded": (["export", "--course", "{missing}"], "no gradebook in"),
+    "feedback for a course never graded": (["feedback", "--course", "{missing}"], "no gradebook in"),
+    "feedback for an empty folder": (["feedback", "--course", "{empty}"], "no gradebook in"),
+    "release an unknown assignment": (["release", "ex9_nothing", "--check"], "invalid choice: 'ex9_nothing'"),
+    "autograde as an unknown assignment": (["autograde", "{empty}", "-a", "ex9_nothing"], "invalid choice"),
+    "feedback of an unknown assignment": (["feedback", "--course", "{empty}", "-a", "ex9"], "invalid choice"),
+    "no workers": (["autograde", "{empty}", "--jobs", "0"], "--jobs: must be a number more than 0, not 0"),
+    "half a worker": (["autograde", "{empty}", "--jobs", "1.5"], "'1.5' is not a whole number"),
+    "a negative budget": (["autograde", "{empty}", "--part-timeout", "-5"], "more than 0, not -5"),
+    "an endless budget": (["autograde", "{empty}", "--part-timeout", "inf"], "more than 0, not inf"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_an_instructors_mistake_is_one_clear_line_and_changes_nothing(mistake: str, tmp_path: Path) -> None:
+    """A wrong option or a course folder that was never graded: one line saying what is wrong,
+    exit code 2, no traceback, and no file made (nbgrader would have made an empty gradebook, or
+    failed deep inside SQLAlchemy for a folder that is not there)."""
+    args, said = MISTAKES[mistake]
+    (tmp_path / "empty").mkdir()
+    args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty") for a in args]
+    done = subprocess.run([sys.executable, "-m", "grader", *args], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(("error:", "python -m grader")), done.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["empty"]
