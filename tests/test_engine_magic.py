@@ -333,7 +333,7 @@ def test_a_collective_on_some_ranks_says_the_others_do_not_run_the_cell(kernel: 
 
 
 @pytest.mark.parametrize("line", ["-n 0", "-n abc", "--backend foo", "--ranks 9", "--ranks x", "--timeout -1",
-                                  "--bogus"])
+                                  "--timeout nan", "--bogus"])
 def test_bad_options_give_one_usage_line_and_leave_the_pool_alone(kernel: KernelSession, line: str) -> None:
     kernel.execute("%%dist\nkeep = 'still here'")
     before = kernel.value(PIDS)

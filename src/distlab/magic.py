@@ -224,7 +224,7 @@ class DistMagics(Magics):
         (see ``%dist_start?``); every ``%%dist`` cell then runs on the ranks SLURM placed.
         """
         world_size, backend, args = _pool_options(self.dist, line)
-        if args.timeout <= 0:
+        if not args.timeout > 0:  # nan too (a wait of nan seconds failed deep in the pool)
             raise UsageError(tr("--timeout must be positive, got {value}", value=f"{args.timeout:g}"))
         ranks = None
         if args.ranks is not None:
