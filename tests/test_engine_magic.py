@@ -346,6 +346,21 @@ def test_bad_options_give_one_usage_line_and_leave_the_pool_alone(kernel: Kernel
     assert kernel.value("%dist_pull keep") == ["still here"] * 4
 
 
+@pytest.mark.parametrize("line", ["--launcher slurm --iface nosuch0", "--launcher external --iface 10.255.0.0/16",
+                                  "--launcher slurm --iface 10.0.0.0/99"])
+def test_a_wrong_network_for_the_cluster_is_one_usage_line_and_the_pool_keeps_running(
+        kernel: KernelSession, line: str) -> None:
+    """A mistyped --iface used to be remembered: every later cell failed with it until the learner
+    chose another launcher. It is checked before anything changes."""
+    kernel.execute("%%dist\nkeep = 'still here'")
+    before = kernel.value(PIDS)
+    reply = kernel.execute(f"%dist_start {line}")
+    assert reply.error is not None and reply.error["ename"] == "UsageError", reply.traceback
+    assert "--iface" in reply.error["evalue"] and len(reply.stderr.strip().splitlines()) == 1, reply.stderr
+    assert kernel.value(PIDS) == before
+    assert kernel.value("%dist_pull keep") == ["still here"] * 4
+
+
 def test_a_new_world_size_restarts_the_pool_and_says_so(kernel: KernelSession) -> None:
     reply = kernel.execute("%%dist -n 2\nprint(world_size)")
     assert "restarting the pool with 2 ranks (gloo); it had 4 (gloo)" in reply.stdout

@@ -21,7 +21,7 @@ from IPython.display import publish_display_data
 from distlab.backends import BACKENDS, resolve_backend
 from distlab.between_cells import BetweenCells
 from distlab.cluster import LAUNCHERS, LOCAL, ClusterLaunch, Settings, launch_for, settings_of
-from distlab.errors import BackendUnavailable, CellInterrupted
+from distlab.errors import BackendUnavailable, CellInterrupted, PoolDied
 from distlab.i18n import tr
 from distlab.pool import Pool, traces_of
 from distlab.records import CallRecord
@@ -271,6 +271,13 @@ class DistMagics(Magics):
             if args.launcher != "local" and not args.iface:
                 raise UsageError(tr("--launcher {launcher} needs --iface: the network interface the ranks "
                                     "reach this kernel on", launcher=args.launcher))
+            if args.iface:  # a mistyped name would fail every later cell: say so before anything changes
+                from distlab.join import local_interface
+
+                try:
+                    local_interface(args.iface)
+                except PoolDied as exc:
+                    raise UsageError(str(exc)) from None
             # IPython keeps the quotes around --srun-args "..." in the value: split twice
             srun_args = tuple(shlex.split(" ".join(shlex.split(args.srun_args))))
             state.cluster = (args.launcher, args.iface or "", srun_args)
