@@ -43,6 +43,10 @@ class NotANotebook(Exception):
     renamed .ipynb. Said in a line, instead of nbgrader's traceback."""
 
 
+class NoGradebook(Exception):
+    """feedback or export asked of a course folder that autograde never wrote."""
+
+
 def _read_submission(path: Path) -> dict[str, object]:
     """The submitted notebook's JSON, or NotANotebook saying why there is none."""
     try:
@@ -321,6 +325,16 @@ def _print_scores(course: Course, only: set[tuple[str, str]]) -> None:
 
 
 # --- feedback and export --------------------------------------------------------------------------
+def _graded_course(path: str) -> Course:
+    """The course at ``path``, which must already hold a gradebook (else nbgrader would make an
+    empty one, or fail deep in SQLAlchemy when the folder is missing)."""
+    course = Course(Path(path))
+    if not (course.root / "gradebook.db").is_file():
+        raise NoGradebook(f"no gradebook in {course.root}: nothing was graded there yet "
+                          f"(python -m grader autograde SUBMISSIONS --course {path})")
+    return course
+
+
 def cmd_feedback(args: argparse.Namespace) -> int:
     course = _graded_course(args.course)
     graded = sorted({r["assignment"] for r in course.scores()})
@@ -367,20 +381,6 @@ def _graded_exercises() -> list[str]:
     from distlab.grading.catalog import ENTRIES
 
     return [known.assignment for known in ENTRIES]
-
-
-def _graded_course(path: str) -> Course:
-    """The course at ``path``, which must already hold a gradebook (else nbgrader would make an
-    empty one, or fail deep in SQLAlchemy when the folder is missing)."""
-    course = Course(Path(path))
-    if not (course.root / "gradebook.db").is_file():
-        raise NoGradebook(f"no gradebook in {course.root}: nothing was graded there yet "
-                          f"(python -m grader autograde SUBMISSIONS --course {path})")
-    return course
-
-
-class NoGradebook(Exception):
-    """feedback or export asked of a course folder that autograde never wrote."""
 
 
 def build_parser() -> argparse.ArgumentParser:
