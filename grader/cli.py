@@ -377,6 +377,13 @@ def _more_than_zero(kind: type[int] | type[float]) -> Any:
     return parse
 
 
+def _released(name: str) -> str:
+    """An argparse type (not ``choices``, which Python 3.11 also checks against an empty list)."""
+    if name not in assignments():
+        raise argparse.ArgumentTypeError(f"no assignment {name!r} in solutions/ (there are: {', '.join(assignments())})")
+    return name
+
+
 def _graded_exercises() -> list[str]:
     from distlab.grading.catalog import ENTRIES
 
@@ -389,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     release = sub.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
-    release.add_argument("assignments", nargs="*", metavar="ASSIGNMENT", choices=assignments(),
+    release.add_argument("assignments", nargs="*", metavar="ASSIGNMENT", type=_released,
                          help=f"one of {', '.join(assignments())} (default: all)")
     release.add_argument("--check", action="store_true", help="only report (exit 1) if exercises/ is stale")
     release.add_argument("--lang", choices=[*LANGUAGES, "all"], default="all",

@@ -61,7 +61,7 @@ MISTAKES = {  # what an instructor may type, and what the grader must answer (on
     "export a course never graded": (["export", "--course", "{missing}"], "no gradebook in"),
     "feedback for a course never graded": (["feedback", "--course", "{missing}"], "no gradebook in"),
     "feedback for an empty folder": (["feedback", "--course", "{empty}"], "no gradebook in"),
-    "release an unknown assignment": (["release", "ex9_nothing", "--check"], "invalid choice: 'ex9_nothing'"),
+    "release an unknown assignment": (["release", "ex9_nothing", "--check"], "no assignment 'ex9_nothing' in solutions/"),
     "autograde as an unknown assignment": (["autograde", "{empty}", "-a", "ex9_nothing"], "invalid choice"),
     "feedback of an unknown assignment": (["feedback", "--course", "{empty}", "-a", "ex9"], "invalid choice"),
     "no workers": (["autograde", "{empty}", "--jobs", "0"], "--jobs: must be a number more than 0, not 0"),
