@@ -397,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     release = sub.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
     release.add_argument("assignments", nargs="*", metavar="ASSIGNMENT", type=_released,
-                         help=f"one of {', '.join(assignments())} (default: all)")
+                         help="a folder of solutions/, e.g. ex1_all_reduce_rs_ag (default: all)")
     release.add_argument("--check", action="store_true", help="only report (exit 1) if exercises/ is stale")
     release.add_argument("--lang", choices=[*LANGUAGES, "all"], default="all",
                          help="which edition: en (exercises/), zh (exercises/zh/), or all (default)")
