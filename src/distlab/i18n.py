@@ -73,6 +73,14 @@ ZH: dict[str, str] = {
     "{name} is not defined in the kernel": "内核里没有定义 {name}",
     "--launcher {launcher} needs --iface: the network interface the ranks reach this kernel on":
         "--launcher {launcher} 需要 --iface：各个 rank 用来连接本内核的网络接口",
+    "--iface {spec}: {host} has no network interface {spec} with an IPv4 address; if the nodes name it "
+    "differently, give its subnet (--iface 10.1.0.0/16)":
+        "--iface {spec}：{host} 上没有带 IPv4 地址的网络接口 {spec}；如果各节点给它起的名字不同，"
+        "请改用它的子网（--iface 10.1.0.0/16）",
+    "--iface {spec}: neither an interface name nor a subnet ({why})":
+        "--iface {spec}：既不是网络接口名，也不是子网（{why}）",
+    "--iface {spec}: no network interface of {host} has an address in {spec}":
+        "--iface {spec}：{host} 上没有任何网络接口的地址在 {spec} 之内",
     "--ranks expects a list like 0,2 or 1-3, got {text}": "--ranks 需要 0,2 或 1-3 这样的列表，收到的是 {text}",
     "--ranks range {part} is backwards": "--ranks 的范围 {part} 写反了",
     "--ranks {text}: rank {rank} does not exist with {n} ranks (0-{last})":

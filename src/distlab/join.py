@@ -34,6 +34,7 @@ import struct
 import sys
 
 from distlab.errors import PoolDied
+from distlab.i18n import tr
 
 _RANK_VARS = ("SLURM_PROCID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _SIZE_VARS = ("SLURM_NTASKS", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -68,12 +69,13 @@ def local_interface(spec: str) -> tuple[str, str]:
         try:
             return spec, interface_address(spec)
         except OSError:
-            raise PoolDied(f"--iface {spec}: {socket.gethostname()} has no network interface {spec} with an IPv4 "
-                           f"address; if the nodes name it differently, give its subnet (--iface 10.1.0.0/16)") from None
+            raise PoolDied(tr("--iface {spec}: {host} has no network interface {spec} with an IPv4 address; if the "
+                              "nodes name it differently, give its subnet (--iface 10.1.0.0/16)",
+                              spec=spec, host=socket.gethostname())) from None
     try:
         network = ipaddress.ip_network(spec, strict=False)
     except ValueError as exc:
-        raise PoolDied(f"--iface {spec}: neither an interface name nor a subnet ({exc})") from None
+        raise PoolDied(tr("--iface {spec}: neither an interface name nor a subnet ({why})", spec=spec, why=exc)) from None
     for _, name in socket.if_nameindex():
         try:
             address = interface_address(name)
@@ -81,7 +83,8 @@ def local_interface(spec: str) -> tuple[str, str]:
             continue
         if ipaddress.ip_address(address) in network:
             return name, address
-    raise PoolDied(f"--iface {spec}: no network interface of {socket.gethostname()} has an address in {spec}")
+    raise PoolDied(tr("--iface {spec}: no network interface of {host} has an address in {spec}",
+                      spec=spec, host=socket.gethostname()))
 
 
 def read_key(env: dict[str, str]) -> bytes:
