@@ -384,10 +384,15 @@ def _released(name: str) -> str:
     return name
 
 
-def _graded_exercises() -> list[str]:
-    from distlab.grading.catalog import ENTRIES
+def _exercise(name: str) -> str:
+    """An argparse type: a graded exercise by its assignment name or short key (ex1), as the
+    catalog's ``entry`` knows them; its assignment name."""
+    from distlab.grading.catalog import entry
 
-    return [known.assignment for known in ENTRIES]
+    try:
+        return entry(name).assignment
+    except KeyError as unknown:
+        raise argparse.ArgumentTypeError(str(unknown.args[0])) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -409,8 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     auto = sub.add_parser("autograde", help="grade a folder or zip of submitted notebooks (any file names)")
     auto.add_argument("submissions", help="a folder of .ipynb files (any names, or a folder per student), "
                                           "a learning platform's .zip of them, or one notebook")
-    auto.add_argument("-a", "--assignment", choices=_graded_exercises(), metavar="ASSIGNMENT",
-                      help="default: recognised from each notebook's cells")
+    auto.add_argument("-a", "--assignment", type=_exercise, metavar="ASSIGNMENT",
+                      help="e.g. ex1_all_reduce_rs_ag or ex1 (default: recognised from each notebook's cells)")
     auto.add_argument("-j", "--jobs", type=_more_than_zero(int), default=os.cpu_count() or 1,
                       help="parallel grading processes (default: CPU count)")
     auto.add_argument("--part-timeout", type=_more_than_zero(float), default=30.0,
@@ -420,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     auto.set_defaults(run=cmd_autograde)
 
     feedback = sub.add_parser("feedback", help="write HTML feedback for every autograded submission")
-    feedback.add_argument("-a", "--assignment", choices=_graded_exercises(), metavar="ASSIGNMENT",
+    feedback.add_argument("-a", "--assignment", type=_exercise, metavar="ASSIGNMENT",
                           help="default: every assignment graded in the course")
     course_option(feedback)
     feedback.set_defaults(run=cmd_feedback)
