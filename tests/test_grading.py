@@ -407,6 +407,32 @@ def all_to_all_sum(tensor: Any) -> None:
         tensor.add_(got)
 
 
+def rebuild_the_other_ranks_input() -> Any:
+    """What a submission would do to copy the reference: rebuild another rank's input itself."""
+    import torch.distributed as dist
+
+    from distlab.grading.cases import Case, make_input
+
+    return make_input(Case((8,)), 2, 1 - dist.get_rank())
+
+
+def test_a_rank_cannot_make_the_inputs_the_grader_sends_to_the_others() -> None:
+    from distlab.grading.cases import Case, make_input
+
+    with_data = [e.key for e in ENTRIES if e.key != "ex7"]  # ex7 calls formulas on numbers in its cases
+    assert all(exercise(key).rank_inputs is not None for key in with_data)
+    assert exercise("ex7").rank_inputs is None
+    rebuilt = distlab.run(rebuild_the_other_ranks_input, world_size=2)
+    for rank in (0, 1):  # what rank 1 - rank was sent, and what rank rank makes of it
+        assert not torch.equal(rebuilt[rank], make_input(Case((8,)), 2, 1 - rank))
+    assert torch.equal(make_input(Case((8,)), 2, 0), make_input(Case((8,)), 2, 0))  # the judge's twin
+    # and the inputs a rank is sent are that rank's own, one per case
+    batch = ex1.PARTS[0].batches[0]
+    sent = [EX1.rank_inputs(batch, rank) for rank in range(batch.world_size)]  # type: ignore[misc]
+    assert all(torch.equal(sent[r][i], make_input(case, batch.world_size, r))
+               for r in range(batch.world_size) for i, case in enumerate(batch.cases))
+
+
 def test_a_part_s_checks_decide_what_its_judge_checks_not_its_name() -> None:
     from distlab.grading import ex2_ring_all_reduce as ex2
     from distlab.grading.spec import Batch, Check, Part, Submission

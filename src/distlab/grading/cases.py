@@ -1,19 +1,32 @@
-"""Cases of the all-reduce family of exercises: deterministic inputs and the reference result.
+"""Cases of the all-reduce family of exercises: every rank's input and the reference result.
 
-Every rank builds its own input from the case, its rank and the world size; the grading process
-rebuilds every rank's input the same way, so the reference never depends on what ranks report.
+Inputs are made in the grading process, never on the ranks, from a key drawn afresh by each
+grading process (:func:`generator`), and each rank is sent its own input alone (the runner pushes
+it before the batch runs). A rank cannot rebuild another rank's input from the case it is given,
+so a submission that looks up the case and copies the reference result (the case is public, in
+the installed kit) has nothing to copy from: it must communicate. The reference is computed from
+the same inputs, so it never depends on what ranks report.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-import zlib
+import secrets
 from dataclasses import dataclass
 
 import torch
 
 OPS = ("SUM", "AVG", "MAX", "MIN")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
+_KEY = secrets.token_bytes(32)  # this process's; a rank's process has its own, and never this one
+
+
+def generator(*what: object) -> torch.Generator:
+    """A generator seeded by ``what`` and this process's secret key: the same data every time in
+    this process (the judge rebuilds what a rank was sent), data no rank can make itself."""
+    digest = hashlib.blake2b(repr(what).encode(), key=_KEY, digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 @dataclass(frozen=True)
@@ -44,9 +57,8 @@ class Case:
 
 
 def make_input(case: Case, world_size: int, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s input: deterministic, so the grader can rebuild every rank's input itself."""
-    seed = zlib.crc32(repr((case, world_size, rank)).encode())
-    gen = torch.Generator().manual_seed(seed)
+    """Rank ``rank``'s input, made in the grading process (see :func:`generator`)."""
+    gen = generator(case, world_size, rank)
     if case.dtype == "int64":
         return torch.randint(-100, 100, case.shape, generator=gen, dtype=torch.int64)
     # multiples of 1/8: every partial sum is exact, whatever order the ranks add in

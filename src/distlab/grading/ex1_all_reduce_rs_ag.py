@@ -13,7 +13,7 @@ from typing import Any
 
 from distlab.grading import compare
 from distlab.grading.cases import DTYPES, OPS, Case, expected, make_input
-from distlab.grading.spec import SINGLE_TENSOR_NAMES, Batch, Exercise, Part, Submission, setup_cell
+from distlab.grading.spec import SINGLE_TENSOR_NAMES, Batch, Exercise, Part, Submission, per_case, setup_cell
 
 SETUP_SOURCE = setup_cell(__name__, extra=SINGLE_TENSOR_NAMES)
 
@@ -25,7 +25,7 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
     """On every rank: run each case through the student's function, return plain records."""
     from distlab.grading import harness
 
-    return harness.run_in_place_cases(submission, cases, make_input, _case_kwargs)
+    return harness.run_in_place_cases(submission, cases, _case_kwargs)
 
 
 def _case_kwargs(case: Case) -> dict[str, Any]:
@@ -106,6 +106,7 @@ EXERCISE = Exercise(
     rank_main=rank_main,
     judge=judge,
     communication=only_rs_ag,
+    rank_inputs=per_case(make_input),
 )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from distlab.grading import compare
 from distlab.grading.cases import DTYPES, Case, expected, make_input
-from distlab.grading.spec import Batch, Check, Exercise, Part, Submission, setup_cell
+from distlab.grading.spec import Batch, Check, Exercise, Part, Submission, per_case, setup_cell
 
 SETUP_SOURCE = setup_cell(__name__)
 
@@ -25,7 +25,7 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
     """On every rank: run each case through the student's function, return plain records."""
     from distlab.grading import harness
 
-    return harness.run_in_place_cases(submission, cases, make_input)
+    return harness.run_in_place_cases(submission, cases)
 
 
 # --- trusted side -------------------------------------------------------------------------------
@@ -103,6 +103,7 @@ EXERCISE = Exercise(
     rank_main=rank_main,
     judge=judge,
     communication=compare.only_point_to_point,
+    rank_inputs=per_case(make_input),
 )
 
 

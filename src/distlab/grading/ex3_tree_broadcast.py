@@ -13,15 +13,14 @@ arrives k rounds after it had the data itself).
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from distlab.grading import compare
-from distlab.grading.cases import DTYPES
-from distlab.grading.spec import Batch, Check, Exercise, Part, Submission, setup_cell
+from distlab.grading.cases import DTYPES, generator
+from distlab.grading.spec import Batch, Check, Exercise, Part, Submission, per_case, setup_cell
 
 SETUP_SOURCE = setup_cell(__name__)
 
@@ -43,8 +42,9 @@ class Case:
 
 
 def make_input(case: Case, world_size: int, rank: int) -> torch.Tensor:
-    """What rank ``rank`` holds before the broadcast (only the source's data matters)."""
-    gen = torch.Generator().manual_seed(zlib.crc32(repr((case, world_size, rank)).encode()))
+    """What rank ``rank`` holds before the broadcast (only the source's data matters), made in the
+    grading process: no other rank can make the source's data itself."""
+    gen = generator(case, world_size, rank)
     if case.dtype == "int64":
         return torch.randint(-100, 100, case.shape, generator=gen, dtype=torch.int64)
     return (torch.randint(-80, 80, case.shape, generator=gen) / 8).to(DTYPES[case.dtype])
@@ -56,7 +56,7 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
     from distlab.grading import harness
 
     return harness.run_in_place_cases(
-        submission, cases, make_input,
+        submission, cases,
         lambda case: {"src": case.src} if case.src else {})  # src=0 goes through the default
 
 
@@ -154,6 +154,7 @@ EXERCISE = Exercise(
     parts=PARTS,
     rank_main=rank_main,
     judge=judge,
+    rank_inputs=per_case(make_input),
     communication=compare.only_point_to_point,
 )
 

@@ -10,14 +10,13 @@ and the function learns them with a counts exchange first, then returns the list
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from distlab.grading import compare, harness
-from distlab.grading.cases import DTYPES
+from distlab.grading.cases import DTYPES, generator
 from distlab.grading.spec import Batch, Check, Exercise, Part, Submission, setup_cell
 
 SETUP_SOURCE = setup_cell(__name__)
@@ -40,8 +39,9 @@ class Case:
         return text + (", output_list=None (exchange the counts first)" if self.counts else "")
 
     def chunk(self, src: int, dst: int) -> torch.Tensor:
-        """What rank ``src`` sends to rank ``dst``: deterministic, so the grader rebuilds it."""
-        gen = torch.Generator().manual_seed(zlib.crc32(repr((self, src, dst)).encode()))
+        """What rank ``src`` sends to rank ``dst``, made in the grading process (the judge makes it
+        again): only rank ``src`` is sent it, so rank ``dst`` gets it by a message or not at all."""
+        gen = generator(self, src, dst)
         shape = (self.sizes[src][dst], *self.row)
         if self.dtype == "int64":
             return torch.randint(-100, 100, shape, generator=gen, dtype=torch.int64)
@@ -57,11 +57,11 @@ def rank_main(submission: Submission, cases: tuple[Case, ...]) -> list[dict[str,
     return harness.run_cases(submission, cases, _one_case)
 
 
-def _one_case(ctx: harness.RankContext, case: Case) -> dict[str, Any]:
+def _one_case(ctx: harness.RankContext, case: Case, inputs: list[torch.Tensor]) -> dict[str, Any]:
     rank, world_size = ctx.rank, ctx.world_size
-    inputs = [case.chunk(rank, dst) for dst in range(world_size)]
     # outputs start as noise, so a chunk that never arrives shows
-    outputs = [torch.full_like(case.chunk(src, rank), -7) for src in range(world_size)]
+    outputs = [torch.full((case.sizes[src][rank], *case.row), -7, dtype=DTYPES[case.dtype])
+               for src in range(world_size)]
     with ctx.watcher.watch() as log:
         returned = harness.call(ctx.fn, case.describe(world_size), None if case.counts else outputs, inputs)
     if case.counts:
@@ -72,6 +72,11 @@ def _one_case(ctx: harness.RankContext, case: Case) -> dict[str, Any]:
 
 
 # --- trusted side -------------------------------------------------------------------------------
+def _rank_inputs(batch: Batch, rank: int) -> list[list[torch.Tensor]]:
+    """What rank ``rank`` sends, for each case: its chunk for every rank, its own included."""
+    return [[case.chunk(rank, dst) for dst in range(batch.world_size)] for case in batch.cases]
+
+
 def messages_problem(record: dict[str, Any], case: Case, world_size: int, rank: int) -> str | None:
     """One message to and one from every other rank, each exactly the chunk, nothing else."""
     messages = compare.p2p_messages(record)
@@ -151,6 +156,7 @@ EXERCISE = Exercise(
     rank_main=rank_main,
     judge=judge,
     communication=compare.only_point_to_point,
+    rank_inputs=_rank_inputs,
 )
 
 

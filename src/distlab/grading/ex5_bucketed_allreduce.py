@@ -22,6 +22,8 @@ from distlab.grading.training import (
     local_backward,
     params_problem,
     reference,
+    shard,
+    shards,
     steps_problem,
 )
 
@@ -36,13 +38,13 @@ def rank_main(submission: Submission, cases: tuple[TrainCase, ...]) -> list[dict
     return harness.run_cases(submission, cases, _one_case)
 
 
-def _one_case(ctx: harness.RankContext, case: TrainCase) -> dict[str, Any]:
+def _one_case(ctx: harness.RankContext, case: TrainCase, samples: list[Any]) -> dict[str, Any]:
     model = build_model(case)
     optimizer = SGD(list(model.parameters()), lr=case.lr, momentum=case.momentum)
     steps = []
     for step in range(case.steps):
         optimizer.zero_grad()
-        local_backward(model, case, ctx.world_size, ctx.rank, step)
+        local_backward(model, samples[step])
         with ctx.watcher.watch() as log:
             harness.call(ctx.fn, f"{case.describe(ctx.world_size)}, step {step}", model, case.bucket_bytes)
         steps.append(log)
@@ -54,7 +56,7 @@ def _one_case(ctx: harness.RankContext, case: TrainCase) -> dict[str, Any]:
 def _grad_bytes(case: TrainCase) -> list[int]:
     """Bytes of every gradient a step produces, in model.parameters() order."""
     model = build_model(case)
-    local_backward(model, case, 1, 0, 0)
+    local_backward(model, shard(case, 1, 0, 0))
     return [p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None]
 
 
@@ -128,6 +130,7 @@ EXERCISE = Exercise(
     parts=PARTS,
     rank_main=rank_main,
     judge=judge,
+    rank_inputs=shards,
 )
 
 

@@ -17,7 +17,15 @@ import torch
 
 from distlab.grading import compare, harness
 from distlab.grading.spec import SINGLE_TENSOR_NAMES, Batch, Check, Exercise, Part, Submission, setup_cell
-from distlab.grading.training import TrainCase, build_model, local_backward, params_problem, reference, steps_problem
+from distlab.grading.training import (
+    TrainCase,
+    build_model,
+    local_backward,
+    params_problem,
+    reference,
+    shards,
+    steps_problem,
+)
 
 SETUP_SOURCE = setup_cell(__name__, extra=SINGLE_TENSOR_NAMES)
 
@@ -43,14 +51,14 @@ def rank_main(submission: Submission, cases: tuple[TrainCase, ...]) -> list[dict
     return harness.run_cases(submission, cases, _one_case)
 
 
-def _one_case(ctx: harness.RankContext, case: TrainCase) -> dict[str, Any]:
+def _one_case(ctx: harness.RankContext, case: TrainCase, samples: list[Any]) -> dict[str, Any]:
     model = build_model(case)
     params = list(model.parameters())
     state: dict[str, Any] = {}
     steps = []
     for step in range(case.steps):
         model.zero_grad(set_to_none=True)
-        local_backward(model, case, ctx.world_size, ctx.rank, step)
+        local_backward(model, samples[step])
         with ctx.watcher.watch() as log:
             harness.call(ctx.fn, f"{case.describe(ctx.world_size)}, step {step}", params, state,
                          case.lr, case.momentum)
@@ -121,6 +129,7 @@ EXERCISE = Exercise(
     parts=PARTS,
     rank_main=rank_main,
     judge=judge,
+    rank_inputs=shards,
 )
 
 

@@ -27,6 +27,16 @@ from distlab.grading.spec import Submission
 
 SUBMISSION_FILE = "<solution cell>"
 CASE_MARK = "@distlab-grading-case@ "  # printed before each case so a hang can be placed
+INPUTS = "__distlab_grading_inputs__"  # the name the runner pushes each rank's own inputs under
+
+
+def own_inputs() -> list[Any]:
+    """This rank's inputs, one per case, which the grading process pushed to this rank alone just
+    before the batch (``Exercise.rank_inputs``); taken before the submission's source runs."""
+    namespace = sys.modules["__main__"].__dict__
+    if INPUTS not in namespace:
+        raise RuntimeError("no inputs were sent to this grading rank")
+    return namespace.pop(INPUTS)  # type: ignore[no-any-return]
 
 
 def load_function(submission: Submission, guard: CommGuard) -> Callable[..., Any]:
@@ -126,33 +136,33 @@ class RankContext:
 
 
 def run_cases(submission: Submission, cases: tuple[Any, ...],
-              one_case: Callable[[RankContext, Any], dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rank side of every exercise: install the guard before the student's source runs, load
-    the function, then one plain record per case from ``one_case``."""
+              one_case: Callable[[RankContext, Any, Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank side of every exercise but ex7: take this rank's inputs, install the guard before
+    the student's source runs, load the function, then one plain record per case from
+    ``one_case(context, case, this rank's input for the case)``."""
     import torch.distributed as dist
 
     from distlab.grading import guard
 
+    inputs = own_inputs()
     watcher = guard.install()  # before the student's source runs
     context = RankContext(load_function(submission, watcher), watcher, dist.get_rank(), dist.get_world_size())
-    return [one_case(context, case) for case in cases]
+    return [one_case(context, case, data) for case, data in zip(cases, inputs, strict=True)]
 
 
 def run_in_place_cases(
     submission: Submission,
     cases: tuple[Any, ...],
-    make_input: Callable[[Any, int, int], torch.Tensor],
     extra_kwargs: Callable[[Any], dict[str, Any]] = lambda case: {},
 ) -> list[dict[str, Any]]:
     """On every rank: call the student's function on each case's tensor (which it must change in
     place) and return plain records of the tensor and the communication.
 
-    ``extra_kwargs`` runs on every rank, in case order, before the input is made (it may create
-    process groups, which every rank must do in the same order).
+    ``extra_kwargs`` runs on every rank, in case order (it may create process groups, which every
+    rank must do in the same order).
     """
-    def one_case(ctx: RankContext, case: Any) -> dict[str, Any]:
+    def one_case(ctx: RankContext, case: Any, tensor: torch.Tensor) -> dict[str, Any]:
         kwargs = extra_kwargs(case)
-        tensor = make_input(case, ctx.world_size, ctx.rank)
         with ctx.watcher.watch() as log:
             call(ctx.fn, case.describe(ctx.world_size), tensor, **kwargs)
         return {"tensor": tensor_record(tensor), **log}

@@ -2,6 +2,8 @@
 
 Each batch gets a brand-new set of rank processes (forked by distlab's preloaded launcher, which
 never runs student code), so a submission that patched torch in one part cannot touch the next.
+Each rank is then sent its own inputs, made here with a key no rank has (``Exercise.rank_inputs``):
+a rank that wants another rank's data must communicate for it.
 Rank results are unpickled with an unpickler that refuses every class: the ranks send only
 plain data (see ``harness.tensor_record``), and a submission that tries to smuggle an object
 back gets an error, not code execution here. A hang ends at the part's deadline; the part scores
@@ -21,7 +23,7 @@ from typing import Any, ClassVar
 
 from distlab.errors import PoolDied, RankError, RankTimeout, ReferenceFailed
 from distlab.grading import compare
-from distlab.grading.harness import CASE_MARK, SUBMISSION_FILE
+from distlab.grading.harness import CASE_MARK, INPUTS, SUBMISSION_FILE
 from distlab.grading.spec import (
     DEFAULT_PART_TIMEOUT,
     Batch,
@@ -99,7 +101,12 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
     pool = Pool(batch.world_size, "gloo", sink=sink, unreadable=submission.protected, memory_limit=RANK_MEMORY,
                 confine_writes=True)
     try:
-        dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(timeout, 0.1))
+        started = time.monotonic()
+        if exercise.rank_inputs is not None:  # each rank is sent its own data alone
+            for rank in range(batch.world_size):
+                pool.push(INPUTS, exercise.rank_inputs(batch, rank), ranks=[rank], timeout=max(timeout, 0.1))
+        left = timeout - (time.monotonic() - started)
+        dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(left, 0.1))
     except RankTimeout as exc:
         if exc.failures:
             return _failures_text(exc.failures, sink, batch), _got_past_loading(exc.failures)

@@ -63,6 +63,8 @@ class Part:
 
 # rank side: rank_main(submission, cases) -> list of plain per-case records
 RankMain = Callable[[Any, tuple[Any, ...]], list[dict[str, Any]]]
+# trusted side: rank_inputs(batch, rank) -> what that rank alone is sent, one entry per case
+RankInputs = Callable[[Batch, int], list[Any]]
 # trusted side: judge(part, batch, per_rank_records) -> None when correct, else the feedback text
 Judge = Callable[[Part, Batch, list[Any]], "str | None"]
 # trusted side: one rank's record of one case -> None when its communication is allowed, else why not
@@ -73,6 +75,12 @@ SINGLE_TENSOR_NAMES = '''\
 # torch 2.13 renamed the single-tensor collectives; older torch only has the old names
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor'''
+
+
+def per_case(make: Callable[[Any, int, int], Any]) -> RankInputs:
+    """``rank_inputs`` of an exercise whose every case gives each rank one input, ``make(case,
+    world_size, rank)``."""
+    return lambda batch, rank: [make(case, batch.world_size, rank) for case in batch.cases]
 
 
 def setup_cell(module: str, imports: str = "import torch\nimport torch.distributed as dist", extra: str = "") -> str:
@@ -109,6 +117,9 @@ class Exercise:
     needs_reference: bool = False
     # grade_ids of the answer cells whose source is graded; by default the cell named after the function
     solution_ids: tuple[str, ...] = ()
+    # the data each rank works on, made in the grading process with a key the ranks never see and
+    # sent to each rank alone (harness.own_inputs): no rank can rebuild another's and copy the result
+    rank_inputs: RankInputs | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "solution_ids", answer_cells(self.function, self.solution_ids))

@@ -8,7 +8,6 @@ the mean loss over equal shards is the mean of the shards' gradients) and compar
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 
 from distlab.grading import compare
-from distlab.grading.cases import DTYPES
+from distlab.grading.cases import DTYPES, generator
 
 
 @dataclass(frozen=True)
@@ -62,14 +61,21 @@ def build_model(case: TrainCase) -> Net:
 
 
 def shard(case: TrainCase, world_size: int, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(zlib.crc32(repr((case, world_size, rank, step)).encode()))
+    """Rank ``rank``'s samples at ``step``, made in the grading process: a rank is sent its own
+    shards alone, so it learns the others' gradients by communicating or not at all."""
+    gen = generator(case, world_size, rank, step)
     dtype = DTYPES[case.dtype]
     return (torch.randn(case.batch, 6, generator=gen).to(dtype),
             torch.randn(case.batch, 3, generator=gen).to(dtype))
 
 
-def local_backward(model: Net, case: TrainCase, world_size: int, rank: int, step: int) -> None:
-    x, y = shard(case, world_size, rank, step)
+def shards(batch: Any, rank: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``rank_inputs`` of the training exercises: rank ``rank``'s samples, per case and step."""
+    return [[shard(case, batch.world_size, rank, step) for step in range(case.steps)] for case in batch.cases]
+
+
+def local_backward(model: Net, samples: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, y = samples
     nn.functional.mse_loss(model(x), y).backward()
 
 
@@ -111,7 +117,7 @@ def reference(case: TrainCase, world_size: int) -> list[torch.Tensor]:
         grads: dict[str, torch.Tensor] = {}
         for rank in range(world_size):
             model.zero_grad(set_to_none=True)
-            local_backward(model, case, world_size, rank, step)
+            local_backward(model, shard(case, world_size, rank, step))
             for name, p in model.named_parameters():
                 if p.grad is not None:
                     grads[name] = grads.get(name, torch.zeros_like(p)) + p.grad / world_size
