@@ -184,6 +184,14 @@ def cmd_autograde(args: argparse.Namespace) -> int:
                 print(f"{job.student}: nbgrader could not autograde {job.notebook}:\n{problem}", file=sys.stderr)
             seconds = _trusted_seconds(course, job) or time.monotonic() - began
             progress.done(job, course.score(job) if problem is None else None, seconds)
+    except KeyboardInterrupt:  # Ctrl-C: stop now, not after the workers have graded the class
+        if workers is not None:
+            workers.kill()
+        progress.close()
+        graded = progress.finished - len(progress.failed)
+        print(f"interrupted: {graded} of {progress.total} submissions graded, and kept in the gradebook; "
+              f"the same command grades them all again", file=sys.stderr)
+        return 130
     finally:
         progress.close()
         if workers is not None:
@@ -288,8 +296,10 @@ class Workers:
             self.logs.append(log)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "distlab.grading", str(job_file), "--part-timeout", str(part_timeout),
-                 "--references", str(SOLUTIONS), "--budgets", str(budgets), *protect],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                 "--references", str(SOLUTIONS), "--budgets", str(budgets), "--end-with-stdin", *protect],
+                # stdin: a pipe only this process writes to, so a worker ends when this process
+                # does, however (a kill, a closed terminal); its own session: Ctrl-C reaches us alone
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def wait_for(self, job: Job) -> None:
         """Until the job's result is written, every worker has ended, or the budget is spent."""
@@ -298,9 +308,10 @@ class Workers:
                 return
             time.sleep(0.05)
         if time.monotonic() >= self.deadline:
-            self._kill()
+            self.kill()
 
-    def _kill(self) -> None:
+    def kill(self) -> None:
+        """End every worker now (its launcher and ranks follow their parent)."""
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: nothing else
@@ -311,7 +322,10 @@ class Workers:
             try:
                 proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                self._kill()
+                self.kill()
+        for proc in self.procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
         for log in self.logs:
             log.close()
 

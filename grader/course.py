@@ -188,11 +188,30 @@ class Course:
         """nbgrader autograde for one submission (serially: the gradebook has one writer).
 
         Returns None on success, else nbgrader's log, so one broken notebook never stops the class.
+        Ctrl-C does stop it: nbgrader's API reports an interrupt as one more failed submission
+        (``capture_log`` catches everything), so it is raised again here.
         """
         outcome = self.api().autograde(job.assignment, job.student, force=True, create=True)
         if outcome.get("success"):
             return None
+        if _was_interrupted(str(outcome.get("error") or "")):
+            self._forget(job)  # nbgrader left it in the gradebook, scored 0, though it was never graded
+            raise KeyboardInterrupt
         return str(outcome.get("log") or outcome.get("error") or "nbgrader autograde failed")
+
+    def _forget(self, job: Job) -> None:
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}", "distlab") as gb:
+            try:
+                gb.remove_submission(job.assignment, job.student)
+            except MissingEntry:
+                pass
+        shutil.rmtree(self.root / "autograded" / job.student / job.assignment, ignore_errors=True)
+        try:
+            (self.root / "autograded" / job.student).rmdir()  # if that was all the student had here
+        except OSError:
+            pass
 
     def feedback(self, assignment: str) -> Path:
         self._check(f"generate_feedback {assignment}", self.api().generate_feedback(assignment))
@@ -227,3 +246,11 @@ class Course:
                     row["needs_manual_grade"] = submission.needs_manual_grade
                     rows.append(row)
         return rows
+
+
+def _was_interrupted(error: str) -> bool:
+    """Did nbgrader's call end in Ctrl-C (a KeyboardInterrupt, or distlab's CellInterrupted while
+    the trusted checks of a serial run waited for ranks)? Only this process raises them: student
+    code runs on ranks, whose failures arrive here as text in a RankError."""
+    lines = error.strip().splitlines()
+    return bool(lines) and lines[-1].split(":", 1)[0].rsplit(".", 1)[-1] in ("KeyboardInterrupt", "CellInterrupted")

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 
 from distlab.grading.spec import DEFAULT_PART_TIMEOUT
 
@@ -29,6 +30,19 @@ def _read_notebook(path: str) -> dict:  # type: ignore[type-arg]
     return nb if isinstance(nb, dict) else {}
 
 
+def _end_when_stdin_closes() -> None:
+    """The grader that started this worker holds the only write end of its stdin: when the grader
+    ends, however (Ctrl-C, a kill, a closed terminal), this worker ends too, mid-submission if need
+    be; its launcher sees its parent go and ends the ranks. Results are written atomically, so none
+    is left half written."""
+    def watch() -> None:
+        while os.read(sys.stdin.fileno(), 65536):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-grader", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.grading", description=__doc__)
     parser.add_argument("jobs", help="JSON file listing the submissions to grade")
@@ -39,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder submissions may not read (repeatable)")
     parser.add_argument("--budgets", default="",
                         help="folder where the workers of one class share the reference's timing")
+    parser.add_argument("--end-with-stdin", action="store_true",
+                        help="end when stdin closes (the grader starts its workers so)")
     args = parser.parse_args(argv)
+    if args.end_with_stdin:
+        _end_when_stdin_closes()
 
     from distlab.hub import Hub
 
