@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from procs import alive, children, wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
