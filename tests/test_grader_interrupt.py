@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 from procs import alive, children, wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "grader" / "fixtures" / "ex1_all_reduce_rs_ag"
-CLASS = 6  # submissions: far more than are graded before the interrupt
+SOLUTION = REPO / "grader" / "fixtures" / "ex7_cost_model" / "solution.ipynb"  # one rank, formulas: cheap
+CLASS = 6  # a solution, then submissions whose every function loops for ever
+ENDLESS = "\n\n".join(f"def {name}(*args):\n    while True:\n        pass"
+                       for name in ("ring_time", "hierarchical_time", "memory_per_gpu", "bytes_per_step"))
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,13 +27,16 @@ START = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); 
          "os.execv(sys.executable, [sys.executable, '-m', 'grader', *sys.argv[1:]])")
 
 
-def _start(tmp_path: Path, jobs: int, then: str = "solution") -> subprocess.Popen[str]:
-    """The grader on a class of CLASS: a solution first, then ``then`` fixtures."""
+def _start(tmp_path: Path, jobs: int) -> subprocess.Popen[str]:
+    """The grader on a class: one solution, then endless loops, each of which would take its
+    parts' budgets (seconds each) to grade."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    shutil.copy(FIXTURES / "solution.ipynb", inbox / "student0.ipynb")
+    shutil.copy(SOLUTION, inbox / "student0.ipynb")
+    endless = nbformat.read(SOLUTION, as_version=4)
+    next(c for c in endless.cells if c.get("id") == "cost_functions").source = ENDLESS
     for number in range(1, CLASS):
-        shutil.copy(FIXTURES / f"{then}.ipynb", inbox / f"student{number}.ipynb")
+        nbformat.write(endless, inbox / f"student{number}.ipynb")
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     return subprocess.Popen([sys.executable, "-c", START, "autograde", str(inbox), "-j", str(jobs),
                              "--course", str(tmp_path / "course")],
@@ -66,8 +72,9 @@ def _gradebook(course: Path) -> list[str]:
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_ctrl_c_stops_the_grader_now_and_keeps_what_it_graded(tmp_path: Path, jobs: int) -> None:
     """Before: with -j 2 the grader waited for its workers to grade the whole class, then printed a
-    KeyboardInterrupt traceback; with -j 1 nbgrader took the interrupt for one failed submission
-    (scored 0 in the gradebook) and went on with the class."""
+    KeyboardInterrupt traceback; with -j 1 nbgrader took the interrupt (which reached the ranks of
+    the submission being graded) for one failed submission, scored 0 in the gradebook, and went on
+    with the class."""
     grader = _start(tmp_path, jobs)
     first = _first_result(grader)
     helpers = _descendants(grader.pid)  # workers, launchers, ranks
@@ -86,9 +93,9 @@ def test_ctrl_c_stops_the_grader_now_and_keeps_what_it_graded(tmp_path: Path, jo
 
 def test_a_killed_grader_takes_its_workers_with_it(tmp_path: Path) -> None:
     """Workers run in sessions of their own (Ctrl-C reaches the grader alone), so a grader killed
-    outright, or a closed terminal, left them grading the class in the background: here five
-    endless loops, each of which takes its parts' budgets (more than ten seconds) to grade."""
-    grader = _start(tmp_path, 2, then="infinite_loop")
+    outright, or a closed terminal, left them grading the class in the background (here, five
+    endless loops: half a minute and more)."""
+    grader = _start(tmp_path, 2)
     _first_result(grader)
     workers = children(grader.pid)
     helpers = _descendants(grader.pid)
