@@ -20,7 +20,7 @@ CLASS = 6  # a solution, then submissions whose every function loops for ever
 ENDLESS = "\n\n".join(f"def {name}(*args):\n    while True:\n        pass"
                        for name in ("ring_time", "hierarchical_time", "memory_per_gpu", "bytes_per_step"))
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # nbgrader and the grader end to end
 
 # SIGINT as a terminal leaves it (a test runner may ignore it in its children), then the grader
 START = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
