@@ -88,6 +88,17 @@ def test_the_check_would_see_an_answer_in_the_package() -> None:
     assert bodies["helper"] == references["ring_all_reduce"]
 
 
+def _one_batch(source: str) -> str:
+    """The feedback for one case of exercise 1 on two fresh grading ranks ("" when it passed)."""
+    from distlab.grading import runner
+    from distlab.grading.ex1_all_reduce_rs_ag import EXERCISE
+    from distlab.grading.spec import Batch, Part, Submission
+
+    batch = Batch.of(2, EXERCISE.parts[0].batches[0].cases[0])
+    submission = Submission(EXERCISE.function, EXERCISE.setup_source, source)
+    return runner.run_batch(EXERCISE, submission, Part("any", "one case", (batch,)), batch, 20.0) or ""
+
+
 def _grade(source: str, protected: tuple[str, ...]) -> list[tuple[str, bool, str]]:
     from distlab.grading.session import GradingSession
 
@@ -252,17 +263,20 @@ def _own_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-CONNECT_OUT = """import socket
+CONNECT_OUT = """import datetime, socket
+import torch.distributed as dist
 def all_reduce_rs_ag(tensor, op=None, group=None):
     said = []
-    for address in {addresses!r}:
-        attempt = socket.socket()
-        attempt.settimeout(5)
+    try:
+        socket.socket()
+    except OSError as refused:
+        said.append(f"python: {{refused}}")
+    for address in {addresses!r}:  # torch's own connections, made in C++
         try:
-            attempt.connect(address)
+            dist.TCPStore(address[0], address[1], is_master=False, timeout=datetime.timedelta(seconds=2))
             said.append(f"REACHED {{address}}")
-        except OSError as refused:
-            said.append(f"{{address[0]}}: {{refused.strerror}}")
+        except Exception as refused:
+            said.append(f"{{address[0]}}: {{type(refused).__name__}}")
     raise RuntimeError("; ".join(said))
 """
 
@@ -270,8 +284,9 @@ def all_reduce_rs_ag(tensor, op=None, group=None):
 @pytest.mark.slow
 @pytest.mark.skipif(not private_network.works_here(), reason="this machine gives no process a network namespace")
 def test_grading_ranks_reach_each_other_and_no_server_on_the_machine_or_beyond() -> None:
-    """A submission's sockets see only the ranks' own loopback: not a server on the grader's
-    127.0.0.1 (a Jupyter server, the grader's store), not one on the machine's own address."""
+    """A submission opens no socket of its own, and torch's sockets (made in C++) see only the
+    ranks' own loopback: not a server on the grader's 127.0.0.1 (a Jupyter server, the grader's
+    store), not one on the machine's own address."""
     servers = []
     for host in ("127.0.0.1", _own_address()):
         if host is None:
@@ -283,18 +298,53 @@ def test_grading_ranks_reach_each_other_and_no_server_on_the_machine_or_beyond()
         servers.append(server)
     try:
         addresses = [server.getsockname() for server in servers]
-        graded = _grade(CONNECT_OUT.format(addresses=addresses), ())
-        message = graded[0][2]
-        assert not graded[0][1] and "REACHED" not in message, message
-        assert "127.0.0.1: Connection refused" in message, message
-        if len(addresses) > 1:
-            assert f"{addresses[1][0]}: Network is unreachable" in message, message
+        message = _one_batch(CONNECT_OUT.format(addresses=addresses))
+        assert message and "REACHED" not in message, message
+        assert "python: the grader does not let submissions open sockets" in message, message
+        assert all(f"{host}: DistNetworkError" in message for host, _ in addresses), message
         for server in servers:
             with pytest.raises(BlockingIOError):
                 server.accept()  # no connection ever arrived
     finally:
         for server in servers:
             server.close()
+
+
+# each rank leaves its tensor in its own folder, then tries to take the other's, or to open a socket
+SIDE_CHANNELS = """import os, re, socket, tempfile
+def all_reduce_rs_ag(tensor, op=None, group=None):
+    own = tempfile.gettempdir()
+    torch.save(tensor, os.path.join(own, "mine"))  # in its own folder: allowed
+    dist.barrier()
+    theirs = os.path.join(re.sub(r"-[0-9]+$", f"-{1 - dist.get_rank()}", own), "mine")
+    said = [f"own folder {own != os.path.dirname(theirs)}"]
+    for how, read in (("python", torch.load), ("c++", lambda path: torch.from_file(path, size=8, dtype=torch.uint8))):
+        try:
+            read(theirs)
+            said.append(f"{how}: READ")
+        except Exception as refused:  # why, in few words: the feedback keeps 400 characters
+            said.append(f"{how}: {type(refused).__name__} {'another rank' in str(refused)}"
+                        f" {'Permission denied' in str(refused)}")
+    try:
+        socket.socket()
+        said.append("socket: OPENED")
+    except OSError as refused:
+        said.append(f"socket: {type(refused).__name__} {'open sockets' in str(refused)}")
+    raise RuntimeError("; ".join(said))
+"""
+
+
+@pytest.mark.slow
+def test_grading_ranks_pass_nothing_to_each_other_around_torch_distributed() -> None:
+    """A file one rank writes and another reads, or a socket between them, is communication no
+    recorder sees: ranks that swapped their tensors so and summed them themselves (with a token
+    reduce_scatter and all_gather) scored 10/10 on exercise 1, its communication part included."""
+    message = _one_batch(SIDE_CHANNELS)
+    assert "own folder True" in message and "READ" not in message and "OPENED" not in message, message
+    assert "python: PermissionError True False" in message, message  # the audit hook, saying why
+    if confine.available():  # C++'s open is refused by the kernel
+        assert "c++: RuntimeError False True" in message, message
+    assert "socket: PermissionError True" in message, message
 
 
 # signal 0 only asks whether a signal could be sent: if the refusal ever broke, nothing is hurt

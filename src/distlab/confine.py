@@ -111,10 +111,22 @@ def _inside(path: str, roots: set[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
+_UNREADABLE: tuple[str, ...] = ()
+
+
+def unreadable() -> tuple[str, ...]:
+    """The folders :func:`confine` was asked to shut this process out of (whether or not the kernel
+    could): the grading sandbox's audit hook refuses Python's opens there too, saying why."""
+    return _UNREADABLE
+
+
 def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> bool:
     """From now on this process, and what it starts, cannot read files under ``protected`` and,
     given ``writable``, cannot create, change or remove anything but the folders and files listed
     there. True when the kernel enforces it; False (nothing changed) when Landlock is unavailable."""
+    global _UNREADABLE
+    protected = tuple(protected)
+    _UNREADABLE = protected
     roots = {os.path.realpath(p) for p in protected if os.path.exists(p)}
     roots.discard(os.sep)
     # a folder that holds Python or the kit itself (the inbox's folder is the home folder, and the

@@ -65,7 +65,8 @@ def load_namespace(submission: Submission, guard: CommGuard) -> dict[str, Any]:
     if python is not None:
         namespace["get_ipython"] = rank_shell.InertShell().get_ipython
     # after the trusted setup, before the student's code; the rank's TMPDIR is its own (launcher)
-    sandbox.install(submission.protected, (tempfile.gettempdir(), *confine.SHARED_WRITABLE))
+    # the instructor's folders, and the other ranks' (which the launcher shut this rank out of)
+    sandbox.install((*submission.protected, *confine.unreadable()), (tempfile.gettempdir(), *confine.SHARED_WRITABLE))
     try:
         code = compile(source if python is None else python, SUBMISSION_FILE, "exec")
     except SyntaxError as exc:

@@ -20,6 +20,9 @@ removed from Python once added. It refuses:
 - starting other programs (``cat solutions/...`` would read around the hook) or forking
   (a fork bomb takes the instructor's machine down, not just the rank);
 - ``ctypes`` loading libraries or reading raw memory (the way to unhook an audit hook);
+- opening sockets, and reading the other ranks' temporary folders: ranks that swap their data
+  through a socket or a file communicate where no recorder looks, and an exercise that allows
+  only some collectives would be passed by ranks that sum each other's tensors themselves;
 - changing resource limits (a grader run as root could lift the rank's memory and file limits);
 - signalling any process but the rank itself and what it started (``os.kill`` of the grader,
   which a rank finds as its launcher's parent, or of every process with ``os.kill(-1, ...)``).
@@ -48,6 +51,9 @@ _PROGRAMS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spa
 _RAW_MEMORY = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
                          "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"})
 _SIGNALS = frozenset({"os.kill", "os.killpg"})
+# a socket of its own (to another rank, through the loopback they share): communication no recorder
+# sees. torch.distributed's own connections are made in C++, before the submission runs
+_SOCKETS = frozenset({"socket.__new__"})
 # the rank's memory and file-size limits (distlab.confine): root could raise them again
 _LIMITS = frozenset({"resource.setrlimit", "resource.prlimit"})
 # Events whose path arguments reach a protected file without opening it there: looking (inside
@@ -175,6 +181,8 @@ def install(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
             raise PermissionError(f"{REFUSED} start other programs ({event})")
         elif event in _RAW_MEMORY:
             raise PermissionError(f"{REFUSED} use ctypes ({event})")
+        elif event in _SOCKETS:
+            raise PermissionError(f"{REFUSED} open sockets: ranks communicate through torch.distributed ({event})")
         elif event in _LIMITS and not (event == "resource.prlimit" and len(args) > 2 and args[2] is None):
             raise PermissionError(f"{REFUSED} change their resource limits ({event})")
         elif event in _SIGNALS and args and not _own(event, args[0]):
@@ -184,7 +192,7 @@ def install(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
         if event == "open":
             for path in _resolutions(args[0]) if args else ():
                 if _inside(path, roots):
-                    raise PermissionError(f"{REFUSED} read the instructor's files ({path})")
+                    raise PermissionError(f"{REFUSED} read the instructor's files or another rank's ({path})")
                 if own is not None and _writes(args) and not _inside(path, own):
                     raise PermissionError(f"{REFUSED} write outside their temporary folder ({path})")
             return
