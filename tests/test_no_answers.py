@@ -313,14 +313,26 @@ def test_grading_ranks_reach_each_other_and_no_server_on_the_machine_or_beyond()
 # each rank leaves its tensor in its own folder, then tries to take the other's, or to open a socket
 SIDE_CHANNELS = """import os, re, socket, tempfile
 def all_reduce_rs_ag(tensor, op=None, group=None):
-    own = tempfile.gettempdir()
+    me, own = dist.get_rank(), tempfile.gettempdir()
     torch.save(tensor, os.path.join(own, "mine"))  # in its own folder: allowed
-    dist.barrier()
-    theirs = os.path.join(re.sub(r"-[0-9]+$", f"-{1 - dist.get_rank()}", own), "mine")
-    said = [f"own folder {own != os.path.dirname(theirs)}"]
-    for how, read in (("python", torch.load), ("c++", lambda path: torch.from_file(path, size=8, dtype=torch.uint8))):
+    stack = None  # and in its stack file, through the descriptor faulthandler holds open
+    for fd in os.listdir("/proc/self/fd"):
         try:
-            read(theirs)
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(f"-{me}.stack"):
+                stack = os.readlink(f"/proc/self/fd/{fd}")
+                os.write(int(fd), b"12345678")
+        except OSError:
+            pass
+    dist.barrier()
+    theirs = os.path.join(re.sub(r"-[0-9]+$", f"-{1 - me}", own), "mine")
+    said = [f"own folder {own != os.path.dirname(theirs)}", f"stack {stack is not None}"]
+    for how, read, path in (("python", torch.load, theirs),
+                            ("c++", lambda path: torch.from_file(path, size=8, dtype=torch.uint8), theirs),
+                            ("stack", lambda path: open(path).read(), stack.replace(f"-{me}.stack", f"-{1 - me}.stack")),
+                            ("c++ stack", lambda path: torch.from_file(path, size=8, dtype=torch.uint8),
+                             stack.replace(f"-{me}.stack", f"-{1 - me}.stack"))):
+        try:
+            read(path)
             said.append(f"{how}: READ")
         except Exception as refused:  # why, in few words: the feedback keeps 400 characters
             said.append(f"{how}: {type(refused).__name__} {'another rank' in str(refused)}"
@@ -336,14 +348,16 @@ def all_reduce_rs_ag(tensor, op=None, group=None):
 
 @pytest.mark.slow
 def test_grading_ranks_pass_nothing_to_each_other_around_torch_distributed() -> None:
-    """A file one rank writes and another reads, or a socket between them, is communication no
-    recorder sees: ranks that swapped their tensors so and summed them themselves (with a token
-    reduce_scatter and all_gather) scored 10/10 on exercise 1, its communication part included."""
+    """A file one rank writes and another reads (in its folder, or its stack file through the
+    descriptor faulthandler holds), or a socket between them, is communication no recorder sees:
+    ranks that swapped their tensors so and summed them themselves (with a token reduce_scatter
+    and all_gather) scored 10/10 on exercise 1, its communication part included."""
     message = _one_batch(SIDE_CHANNELS)
-    assert "own folder True" in message and "READ" not in message and "OPENED" not in message, message
+    assert "own folder True; stack True" in message and "READ" not in message and "OPENED" not in message, message
     assert "python: PermissionError True False" in message, message  # the audit hook, saying why
+    assert "stack: PermissionError True False" in message, message
     if confine.available():  # C++'s open is refused by the kernel
-        assert "c++: RuntimeError False True" in message, message
+        assert "c++: RuntimeError False True" in message and "c++ stack: RuntimeError False True" in message, message
     assert "socket: PermissionError True" in message, message
 
 

@@ -179,9 +179,10 @@ class Launcher:
             scripts_port = _free_port()
         # a grading rank starts no process, so it needs no tracker of the names its processes share
         tracker = None if request.writes_confined else os.pipe()
-        if request.writes_confined:  # every rank's folder exists before any rank is confined: see _confine
+        if request.writes_confined:  # every rank's files exist before any rank is shut out of the others'
             for rank in request.ranks:
                 os.makedirs(self._own_folder_path(request.pool_id, request.generation, rank), mode=0o700, exist_ok=True)
+                open(self._stack_path(request, rank), "a").close()
         for rank in request.ranks:
             pid = os.fork()
             if pid == 0:
@@ -277,7 +278,7 @@ class Launcher:
                 from distlab import confine
 
                 writable = self._own_folder(request, rank) if request.writes_confined else None
-                confine.confine((*request.unreadable, *self._other_ranks_folders(request, rank)), writable)
+                confine.confine((*request.unreadable, *self._other_ranks_files(request, rank)), writable)
                 if request.writes_confined:  # a grading rank: threads, but no process of its own
                     confine.forbid_new_processes()
                 if request.write_quota:
@@ -305,23 +306,26 @@ class Launcher:
         removed when the rank ends), its stack file and /dev/null."""
         from distlab import confine
 
-        folder = os.path.dirname(self.path)
         own = self._own_folder_path(request.pool_id, request.generation, rank)
         os.makedirs(own, mode=0o700, exist_ok=True)
         os.environ["TMPDIR"] = own
         tempfile.tempdir = own
-        stack = protocol.stack_file(folder, request.pool_id, request.generation, rank)
+        stack = self._stack_path(request, rank)
         open(stack, "a").close()  # the rank opens it to append: it must exist before the rules are made
         return [own, stack, *confine.SHARED_WRITABLE]
 
-    def _other_ranks_folders(self, request: SpawnRanks, rank: int) -> list[str]:
-        """A grading rank may not read the other ranks' folders: a file one rank writes and another
-        reads is communication no recorder sees (an exercise that allows only reduce_scatter
-        and all_gather would be passed by ranks that swap their tensors through files)."""
+    def _other_ranks_files(self, request: SpawnRanks, rank: int) -> list[str]:
+        """A grading rank may not read the other ranks' folders and stack files: a file one rank
+        writes and another reads is communication no recorder sees (an exercise that allows only
+        reduce_scatter and all_gather would be passed by ranks that swap their tensors so)."""
         if not request.writes_confined:
             return []
-        return [self._own_folder_path(request.pool_id, request.generation, other)
-                for other in range(request.world_size) if other != rank]
+        others = [other for other in range(request.world_size) if other != rank]
+        return ([self._own_folder_path(request.pool_id, request.generation, other) for other in others]
+                + [self._stack_path(request, other) for other in others])
+
+    def _stack_path(self, request: SpawnRanks, rank: int) -> str:
+        return protocol.stack_file(os.path.dirname(self.path), request.pool_id, request.generation, rank)
 
     def _own_folder_path(self, pool_id: str, generation: int, rank: int) -> str:
         return os.path.join(os.path.dirname(self.path), f"tmp-{pool_id}-{generation}-{rank}")
