@@ -112,6 +112,26 @@ def _inside(path: str, roots: set[str]) -> bool:
 
 
 _UNREADABLE: tuple[str, ...] = ()
+_LISTINGS: dict[str, list[tuple[str, str, bool]]] = {}  # folder -> its entries, taken by prepare()
+
+
+def _listing(folder: str) -> list[tuple[str, str, bool]]:
+    """(path, where it leads, is it a folder) for each entry of ``folder`` (a real path)."""
+    try:
+        with os.scandir(folder) as entries:
+            return [(e.path, os.path.realpath(e.path) if e.is_symlink() else e.path, e.is_dir()) for e in entries]
+    except OSError:
+        return []
+
+
+def prepare(protected: Iterable[str]) -> None:
+    """In a parent about to fork processes that confine themselves to folders under the same
+    ones: list each folder above ``protected`` once, here, for all of them. Each child then only
+    adds its rules: beside a /tmp of 3,000 entries, listing it took a grading rank 160 ms."""
+    _LISTINGS.clear()
+    roots = {os.path.realpath(p) for p in protected}
+    for folder in {a for root in roots for a in _ancestors(root)}:
+        _LISTINGS[folder] = _listing(folder)
 
 
 def unreadable() -> tuple[str, ...]:
@@ -150,13 +170,14 @@ def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
     if ruleset < 0:
         return False
     try:
-        def allow(path: str, access: int) -> None:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        def allow(path: str, access: int, is_dir: bool | None = None, folder_fd: int | None = None) -> None:
+            try:  # relative to its folder when that is open: half the time of a whole path's lookup
+                fd = os.open(path if folder_fd is None else os.path.basename(path), os.O_PATH | os.O_CLOEXEC,
+                             dir_fd=folder_fd)
             except OSError:
                 return
             try:
-                if not os.path.isdir(path):
+                if not (os.path.isdir(path) if is_dir is None else is_dir):
                     access &= _FILE_ACCESS  # a rule on a file may only grant what applies to files
                 rule = _PathBeneath(access, fd)
                 libc.syscall(_ADD_RULE, ruleset, ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule),
@@ -169,15 +190,17 @@ def confine(protected: Iterable[str], writable: Iterable[str] | None = None) -> 
         above = {a for root in roots for a in _ancestors(root)}
         for folder in sorted(above):
             try:
-                entries = os.listdir(folder)
+                folder_fd = os.open(folder, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue
-            for name in entries:
-                path = os.path.join(folder, name)
-                real = os.path.realpath(path)  # a link to a protected folder, or to one above it, is left out
-                if path in above or real in above or _inside(path, roots) or _inside(real, roots):
-                    continue
-                allow(path, _READ_FILE)
+            try:
+                for path, real, is_dir in _LISTINGS.get(folder) or _listing(folder):
+                    # a link to a protected folder, or to one above it, is left out
+                    if path in above or real in above or _inside(path, roots) or _inside(real, roots):
+                        continue
+                    allow(path, _READ_FILE, is_dir, folder_fd)
+            finally:
+                os.close(folder_fd)
         for path in writable or ():
             real = os.path.realpath(path)
             allow(real, write | (0 if _inside(real, roots) else _READ_FILE))

@@ -152,6 +152,8 @@ class Launcher:
             pass  # the kernel is gone
         finally:
             self.kill_all()
+            if os.getppid() != self.parent:  # the kernel died without cleaning its folder: we are its last user
+                shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
     def handle(self, message: protocol.Message) -> None:
         if isinstance(message, SpawnRanks):
@@ -183,6 +185,10 @@ class Launcher:
             for rank in request.ranks:
                 os.makedirs(self._own_folder_path(request.pool_id, request.generation, rank), mode=0o700, exist_ok=True)
                 open(self._stack_path(request, rank), "a").close()
+        if request.unreadable or request.writes_confined:
+            from distlab import confine
+
+            confine.prepare((*request.unreadable, *self._other_ranks_files(request, -1)))
         for rank in request.ranks:
             pid = os.fork()
             if pid == 0:
@@ -350,6 +356,10 @@ class Launcher:
             if rank >= 0:
                 self.end_adopted()  # what the rank started in sessions of its own came to us as it ended
                 shutil.rmtree(self._own_folder_path(pool_id, generation, rank), ignore_errors=True)
+                # and its stack file (read only while it lives): a grader makes thousands of ranks,
+                # and each confined rank lists this folder to shut itself out of the others' files
+                with contextlib.suppress(OSError):
+                    os.unlink(protocol.stack_file(os.path.dirname(self.path), pool_id, generation, rank))
                 code = os.waitstatus_to_exitcode(status)
                 protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code, reason))
 

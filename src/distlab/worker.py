@@ -112,7 +112,9 @@ class Rank:
         if spec.joined:
             self._start_control()
         self.output = CapturedOutput(spec.rank, self.send)
-        self._stack_file = open(self._stack_path(), "a")  # noqa: SIM115 - lives as long as the rank
+        self._stack_file = open(self._stack_path(), "a+", errors="replace")  # noqa: SIM115 - lives as long as the rank
+        if spec.joined:  # read back through this descriptor alone: no file left behind, even after a kill
+            os.unlink(self._stack_file.name)
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
         self.in_user_code = False
         self._looking_for_cancel = False  # see _begin_user_code
@@ -215,8 +217,8 @@ class Rank:
                     self._stack_file.truncate()
                     faulthandler.dump_traceback(file=self._stack_file, all_threads=True)
                     self._stack_file.flush()
-                    with open(self._stack_file.name, errors="replace") as dump:
-                        protocol.send(control, protocol.Stack(dump.read()))
+                    self._stack_file.seek(0)
+                    protocol.send(control, protocol.Stack(self._stack_file.read()))
                 elif message.action == "exit":
                     os._exit(1)
 
