@@ -21,6 +21,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -258,6 +259,8 @@ def test_no_joined_rank_outlives_a_killed_kernel() -> None:
         os.killpg(kernel.pid, signal.SIGKILL)  # the kernel dies without any goodbye
         kernel.wait()
         assert wait_gone([p.pid for p in procs], within=10.0) == []
+        # nor does what a joined rank keeps on its host: its stack file is unlinked once open
+        assert [p.pid for p in procs if os.path.exists(os.path.join(tempfile.gettempdir(), f"distlab-{p.pid}.stack"))] == []
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(kernel.pid, signal.SIGKILL)

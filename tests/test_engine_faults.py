@@ -214,6 +214,7 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
     session = KernelSession()
     session.execute("%load_ext distlab")
     launcher = session.value(LAUNCHER)
+    folder = session.value("__import__('distlab.hub').hub.Hub.get().dir")  # its socket, its ranks' files
     pids = _ready_pids(session, 4) + [launcher] + _sleepers(session)
     pids += children(launcher)  # the ranks and the tracker of the names they share
     if how == "SIGKILL":
@@ -221,6 +222,7 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
     else:
         session.shutdown()
     assert wait_gone(pids, within=5.0) == []
+    assert not os.path.exists(folder)  # a killed kernel's too: its launcher, the last to go, removes it
 
 
 def test_a_restart_ends_what_the_old_ranks_started(kernel: KernelSession) -> None:
