@@ -35,7 +35,8 @@ def own_inputs() -> list[Any]:
     before the batch (``Exercise.rank_inputs``); taken before the submission's source runs."""
     namespace = sys.modules["__main__"].__dict__
     if INPUTS not in namespace:
-        raise RuntimeError("no inputs were sent to this grading rank")
+        raise RuntimeError("no inputs were sent to this grading rank: an exercise whose rank side uses "
+                           "run_cases declares rank_inputs (see spec.Exercise)")
     return namespace.pop(INPUTS)  # type: ignore[no-any-return]
 
 
