@@ -463,3 +463,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ReferenceFailed, NoGradebook) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C anywhere else (autograde says what it kept itself)
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -135,6 +135,8 @@ class Course:
         return self._api
 
     def _check(self, what: str, outcome: dict[str, Any]) -> dict[str, Any]:
+        if not outcome.get("success") and _was_interrupted(str(outcome.get("error") or "")):
+            raise KeyboardInterrupt  # nbgrader's API reports Ctrl-C as a failure (see autograde)
         if not outcome.get("success"):
             raise RuntimeError(f"nbgrader {what} failed:\n{outcome.get('error') or outcome.get('log', '')}")
         return outcome
