@@ -553,8 +553,10 @@ def test_a_worker_waits_for_the_budgets_another_worker_is_timing(tmp_path: Path)
 
     waiter = threading.Thread(target=lambda: got.append(SharedBudgets(str(tmp_path), 20.0).get(EX1.assignment, measure)))
     waiter.start()
-    timed = runner.Budgets({"divisible": 3.0}, 5.0, 20.0)  # what the claimant then writes
-    (tmp_path / "ex1_all_reduce_rs_ag.json").write_text(json.dumps(dataclasses.asdict(timed)))
+    timed = runner.Budgets({"divisible": 3.0}, 5.0, 20.0)  # what the claimant then writes, as it does:
+    written = tmp_path / "ex1_all_reduce_rs_ag.json.tmp"  # whole, then renamed (a reader never sees it half written)
+    written.write_text(json.dumps(dataclasses.asdict(timed)))
+    written.replace(tmp_path / "ex1_all_reduce_rs_ag.json")
     waiter.join(timeout=120)
     assert got == [timed] and measured == []
 
