@@ -256,6 +256,9 @@ class Hub:
             except (ProcessLookupError, PermissionError):
                 pass
             self.launcher.wait()
+        # the folder now, not last: a kernel killed during the rest (the acceptor's join may take
+        # seconds) left it behind, and its launcher, already gone, could not remove it for it
+        shutil.rmtree(self.dir, ignore_errors=True)
         os.write(self._stop_w, b"!")  # the thread first: it may be reading the launcher's connection
         self._acceptor.join(timeout=protocol.HANDSHAKE_TIMEOUT + 1.0)
         self._acceptor = None
@@ -266,7 +269,6 @@ class Hub:
             self._tcp.close()
         for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
             os.close(fd)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _close_current() -> None:
