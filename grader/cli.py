@@ -343,7 +343,7 @@ def _graded_course(path: str) -> Course:
     """The course at ``path``, which must already hold a gradebook (else nbgrader would make an
     empty one, or fail deep in SQLAlchemy when the folder is missing)."""
     course = Course(Path(path))
-    if not (course.root / "gradebook.db").is_file():
+    if not course.gradebook_path.is_file():
         raise NoGradebook(f"no gradebook in {course.root}: nothing was graded there yet "
                           f"(python -m grader autograde SUBMISSIONS --course {path})")
     return course

@@ -201,10 +201,20 @@ class Course:
             raise KeyboardInterrupt
         return str(outcome.get("log") or outcome.get("error") or "nbgrader autograde failed")
 
-    def _forget(self, job: Job) -> None:
-        from nbgrader.api import Gradebook, MissingEntry
+    @property
+    def gradebook_path(self) -> Path:
+        return self.root / "gradebook.db"
 
-        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}", "distlab") as gb:
+    def gradebook(self) -> Any:
+        """nbgrader's gradebook of this course, to use in a ``with``."""
+        from nbgrader.api import Gradebook
+
+        return Gradebook(f"sqlite:///{self.gradebook_path}", "distlab")
+
+    def _forget(self, job: Job) -> None:
+        from nbgrader.api import MissingEntry
+
+        with self.gradebook() as gb:
             try:
                 gb.remove_submission(job.assignment, job.student)
             except MissingEntry:
@@ -221,9 +231,9 @@ class Course:
 
     def score(self, job: Job) -> tuple[float, float] | None:
         """(score, max score) of one autograded submission, or None if the gradebook has none."""
-        from nbgrader.api import Gradebook, MissingEntry
+        from nbgrader.api import MissingEntry
 
-        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}", "distlab") as gb:
+        with self.gradebook() as gb:
             try:
                 submission = gb.find_submission(job.assignment, job.student)
             except MissingEntry:
@@ -233,10 +243,8 @@ class Course:
     # --- scores ------------------------------------------------------------------------------------
     def scores(self) -> list[dict[str, Any]]:
         """One row per graded submission: student, assignment, every test cell's score, total."""
-        from nbgrader.api import Gradebook
-
         rows = []
-        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}", "distlab") as gb:
+        with self.gradebook() as gb:
             for assignment in gb.assignments:
                 for submission in sorted(assignment.submissions, key=lambda s: s.student.id):
                     row: dict[str, Any] = {"student": submission.student.id, "assignment": assignment.name}
