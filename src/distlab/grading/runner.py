@@ -101,12 +101,15 @@ def _run_batch(exercise: Exercise, submission: Submission, part: Part, batch: Ba
     pool = Pool(batch.world_size, "gloo", sink=sink, unreadable=submission.protected, memory_limit=RANK_MEMORY,
                 confine_writes=True)
     try:
-        started = time.monotonic()
+        deadline = time.monotonic() + timeout  # the pushes and the call share the batch's time
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.1)
+
         if exercise.rank_inputs is not None:  # each rank is sent its own data alone
             for rank in range(batch.world_size):
-                pool.push(INPUTS, exercise.rank_inputs(batch, rank), ranks=[rank], timeout=max(timeout, 0.1))
-        left = timeout - (time.monotonic() - started)
-        dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=max(left, 0.1))
+                pool.push(INPUTS, exercise.rank_inputs(batch, rank), ranks=[rank], timeout=left())
+        dones = pool.call(exercise.rank_main, (submission, batch.cases), timeout=left())
     except RankTimeout as exc:
         if exc.failures:
             return _failures_text(exc.failures, sink, batch), _got_past_loading(exc.failures)
