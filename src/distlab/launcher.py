@@ -184,7 +184,7 @@ class Launcher:
         if request.writes_confined:  # every rank's files exist before any rank is shut out of the others'
             for rank in request.ranks:
                 os.makedirs(self._own_folder_path(request.pool_id, request.generation, rank), mode=0o700, exist_ok=True)
-                open(self._stack_path(request, rank), "a").close()
+                open(self._stack_path(request.pool_id, request.generation, rank), "a").close()  # appended to by the rank
         if request.unreadable or request.writes_confined:
             from distlab import confine
 
@@ -309,16 +309,13 @@ class Launcher:
 
     def _own_folder(self, request: SpawnRanks, rank: int) -> list[str]:
         """What a rank confined to its own files may write: a fresh temporary folder (its TMPDIR,
-        removed when the rank ends), its stack file and /dev/null."""
+        removed when the rank ends), its stack file and /dev/null; both made by ``spawn``."""
         from distlab import confine
 
         own = self._own_folder_path(request.pool_id, request.generation, rank)
-        os.makedirs(own, mode=0o700, exist_ok=True)
         os.environ["TMPDIR"] = own
         tempfile.tempdir = own
-        stack = self._stack_path(request, rank)
-        open(stack, "a").close()  # the rank opens it to append: it must exist before the rules are made
-        return [own, stack, *confine.SHARED_WRITABLE]
+        return [own, self._stack_path(request.pool_id, request.generation, rank), *confine.SHARED_WRITABLE]
 
     def _other_ranks_files(self, request: SpawnRanks, rank: int) -> list[str]:
         """A grading rank may not read the other ranks' folders and stack files: a file one rank
@@ -328,10 +325,10 @@ class Launcher:
             return []
         others = [other for other in range(request.world_size) if other != rank]
         return ([self._own_folder_path(request.pool_id, request.generation, other) for other in others]
-                + [self._stack_path(request, other) for other in others])
+                + [self._stack_path(request.pool_id, request.generation, other) for other in others])
 
-    def _stack_path(self, request: SpawnRanks, rank: int) -> str:
-        return protocol.stack_file(os.path.dirname(self.path), request.pool_id, request.generation, rank)
+    def _stack_path(self, pool_id: str, generation: int, rank: int) -> str:
+        return protocol.stack_file(os.path.dirname(self.path), pool_id, generation, rank)
 
     def _own_folder_path(self, pool_id: str, generation: int, rank: int) -> str:
         return os.path.join(os.path.dirname(self.path), f"tmp-{pool_id}-{generation}-{rank}")
@@ -359,7 +356,7 @@ class Launcher:
                 # and its stack file (read only while it lives): a grader makes thousands of ranks,
                 # and each confined rank lists this folder to shut itself out of the others' files
                 with contextlib.suppress(OSError):
-                    os.unlink(protocol.stack_file(os.path.dirname(self.path), pool_id, generation, rank))
+                    os.unlink(self._stack_path(pool_id, generation, rank))
                 code = os.waitstatus_to_exitcode(status)
                 protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code, reason))
 
