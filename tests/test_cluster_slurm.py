@@ -27,6 +27,8 @@ from slurm_cluster import LOOP_CELL, NETWORK, NODE_IFACES, NODES, SlurmCluster, 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
+HUB_FOLDER_AND_LAUNCHER = ("[__import__('distlab.hub').hub.Hub.get().dir, "
+                           "__import__('distlab.hub').hub.Hub.get().launcher.pid]")
 START = f'%dist_start -n 4 --launcher slurm --iface {NETWORK} --srun-args "--nodes=2 --ntasks-per-node=2"'
 
 
@@ -252,16 +254,21 @@ def test_a_killed_kernel_leaves_no_task_on_any_node_and_no_job(cluster: SlurmClu
     reply = session.execute("%load_ext distlab\n" + START, timeout=180)
     assert reply.error is None, reply.traceback
     assert all(cluster.tasks_on(node) for node in NODES)
+    folder, launcher = session.value(HUB_FOLDER_AND_LAUNCHER)
     session.kill()
     assert _wait_no_tasks(cluster, within=10.0) == {}
     _wait_no_jobs(cluster, within=10.0)
     assert _squeue(cluster) == ""
+    assert wait_gone([launcher], within=10.0) == []
+    assert not os.path.exists(folder)  # nothing of the kernel left in /tmp either
 
 
 def test_a_kernel_killed_while_its_request_is_pending_leaves_nothing_queued(cluster: SlurmCluster) -> None:
     session = KernelSession()
     try:
-        session.client.execute(f'%load_ext distlab\n%dist_start -n 6 --launcher slurm --iface {NETWORK} '
+        session.execute("%load_ext distlab")
+        folder, launcher = session.value(HUB_FOLDER_AND_LAUNCHER)
+        session.client.execute(f'%dist_start -n 6 --launcher slurm --iface {NETWORK} '
                                '--srun-args "--nodes=3"')  # not waited for: it never finishes
         deadline = time.monotonic() + 60
         while not _squeue(cluster) and time.monotonic() < deadline:
@@ -270,6 +277,8 @@ def test_a_kernel_killed_while_its_request_is_pending_leaves_nothing_queued(clus
         session.kill()  # the kernel dies while SLURM holds its request
         _wait_no_jobs(cluster, within=10.0)
         assert _squeue(cluster) == ""
+        assert wait_gone([launcher], within=10.0) == []
+        assert not os.path.exists(folder)  # its launcher, the last to go, removed it
     finally:
         with contextlib.suppress(Exception):
             session.shutdown()

@@ -225,6 +225,18 @@ def test_no_rank_outlives_its_kernel(how: str) -> None:
     assert not os.path.exists(folder)  # a killed kernel's too: its launcher, the last to go, removes it
 
 
+def test_a_kernel_killed_right_after_load_ext_leaves_no_folder() -> None:
+    """Its launcher, still importing torch, is the last of its processes and removes the kernel's
+    folder (a SLURM kernel killed while its request was pending left it so)."""
+    session = KernelSession()
+    session.execute("%load_ext distlab")
+    folder, launcher = session.value("[__import__('distlab.hub').hub.Hub.get().dir, "
+                                     "__import__('distlab.hub').hub.Hub.get().launcher.pid]")
+    session.kill()
+    assert wait_gone([launcher], within=10.0) == []
+    assert not os.path.exists(folder)
+
+
 def test_a_restart_ends_what_the_old_ranks_started(kernel: KernelSession) -> None:
     _ready_pids(kernel, 2)
     sleepers = _sleepers(kernel)

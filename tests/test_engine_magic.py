@@ -916,7 +916,7 @@ def test_ten_megabytes_of_output_do_not_block_and_keep_the_end(kernel: KernelSes
 
 
 def _launchers(kernel_pid: int) -> list[int]:
-    return [p for p in children(kernel_pid) if cmdline(p)[1:] == ["-m", "distlab.launcher"]]
+    return [p for p in children(kernel_pid) if cmdline(p)[1:3] == ["-m", "distlab.launcher"]]
 
 
 def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) -> None:
@@ -924,7 +924,7 @@ def test_the_kernel_never_imports_torch_or_forks_ranks(kernel: KernelSession) ->
     launcher = kernel.value("__import__('distlab.hub').hub.Hub.get().launcher.pid")
     assert parent(launcher) == kernel.pid
     assert cmdline(launcher)[0] == kernel.value("__import__('sys').executable")
-    assert cmdline(launcher)[1:] == ["-m", "distlab.launcher"]
+    assert cmdline(launcher)[1:] == ["-m", "distlab.launcher", kernel.value("__import__('distlab.hub').hub.Hub.get().dir")]
     # %load_ext started it before the magics were imported, and the hub adopted it: no second one
     assert _launchers(kernel.pid) == [launcher]
     for pid in kernel.value(PIDS):

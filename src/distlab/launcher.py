@@ -131,7 +131,8 @@ class Launcher:
         self._grading_loaded = False
         self._next_quota_check = 0.0
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
+        """Spawn and reap ranks until the kernel says stop (False) or is gone (True)."""
         idle_since = time.monotonic()
         extras_loaded = False
         try:
@@ -139,7 +140,7 @@ class Launcher:
                 if self.conn.poll(POLL_SECONDS):
                     message = protocol.recv(self.conn)
                     if isinstance(message, Shutdown):
-                        break
+                        return False
                     self.handle(message)
                     idle_since = time.monotonic()
                 elif not extras_loaded and time.monotonic() - idle_since > EXTRAS_AFTER_IDLE:
@@ -148,12 +149,12 @@ class Launcher:
                     extras_loaded = True
                 self.police_quotas()
                 self.reap()
+            return True
         except (EOFError, OSError):
-            pass  # the kernel is gone
+            # the kernel is gone: the end of its connection may come before we are given a new parent
+            return True
         finally:
             self.kill_all()
-            if os.getppid() != self.parent:  # the kernel died without cleaning its folder: we are its last user
-                shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
     def handle(self, message: protocol.Message) -> None:
         if isinstance(message, SpawnRanks):
@@ -514,20 +515,40 @@ def _kill_group(pid: int) -> None:
 
 
 def main() -> None:
+    """``python -m distlab.launcher FOLDER``: FOLDER is the kernel's (distlab.prestart), which the
+    launcher removes if the kernel dies without doing so: it is the last of the kernel's processes."""
+    folder = sys.argv[1] if len(sys.argv) > 1 else ""
+    kernel_gone = True
+    try:
+        kernel_gone = _serve_the_kernel()
+    finally:
+        if kernel_gone and folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve_the_kernel() -> bool:
+    """Serve until the kernel stops us (False) or is gone (True); an error in between propagates
+    and leaves the folder, whose log the kernel shows."""
+    kernel = os.getppid()
     adopt_orphans()
     preload()  # first: the kernel writes where to connect meanwhile (see distlab.prestart)
     line = sys.stdin.readline()
     if not line:
-        return  # the kernel died before it said where to connect
+        return True  # the kernel died before it said where to connect
     config = json.loads(line)
     # no PR_SET_PDEATHSIG here: it fires when the kernel *thread* that started us exits; we watch
     # the parent pid and the hub socket instead
-    if os.getppid() != config["parent"]:
-        return  # the kernel died before we got here
+    if os.getppid() != config["parent"] or kernel != config["parent"]:
+        return True  # the kernel died before we got here
     key = bytes.fromhex(config["key"])
-    conn = protocol.connect(config["path"], key)
-    protocol.send(conn, LauncherHello(os.getpid()))
-    Launcher(conn, config["path"], key, config["parent"]).serve()
+    try:
+        conn = protocol.connect(config["path"], key)
+        protocol.send(conn, LauncherHello(os.getpid()))
+    except (OSError, EOFError):
+        if os.getppid() != kernel:
+            return True  # it died meanwhile
+        raise
+    return Launcher(conn, config["path"], key, config["parent"]).serve()
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def _start() -> tuple[str, subprocess.Popen[bytes], dict[str, str]]:
     env["PYTHONUNBUFFERED"] = "1"
     with open(os.path.join(folder, LOG), "wb") as log:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "distlab.launcher"],
+            [sys.executable, "-m", "distlab.launcher", folder],
             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, env=env,
         )
