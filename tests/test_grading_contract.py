@@ -22,6 +22,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from kernel_session import AsyncUnixSocketKernelManager
 
 from distlab.grading.catalog import ENTRIES
 
@@ -273,6 +274,8 @@ def _validate(path: Path) -> dict[str, Any]:
     config = Config()
     config.Validator.validate_all = True  # any error or stderr in any cell fails, not only in tests
     config.Execute.timeout = 300
+    # Unix sockets, not TCP ports another worker's process may take first (see kernel_session)
+    config.Execute.kernel_manager_class = AsyncUnixSocketKernelManager
     return Validator(config=config).validate(str(path))  # type: ignore[no-any-return]
 
 
