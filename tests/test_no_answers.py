@@ -198,7 +198,7 @@ def test_grading_ranks_start_no_program_and_signal_no_one_by_routes_without_an_a
 
 
 FORBIDDEN_PROCESSES = r'''
-import ctypes, os, signal, socket, subprocess, sys, tempfile, threading
+import ctypes, os, signal, socket, subprocess, sys, threading
 import torch
 from distlab import confine
 
@@ -213,7 +213,7 @@ def call(name, *args):
 desktop = socket.socket(socket.AF_UNIX)  # an abstract socket from outside, as D-Bus or an X server has
 desktop.bind(f"\0distlab-test-{os.getpid()}")
 desktop.listen(1)
-own = tempfile.mkdtemp()
+own = sys.argv[1]  # the test's tmp_path: a confined process cannot remove a folder in /tmp
 assert confine.confine([], [own]) and confine.forbid_new_processes()
 said = []
 for name, attempt in (("fork", os.fork), ("program", lambda: subprocess.run(["true"])),
@@ -241,8 +241,9 @@ print(" ".join(said))
 
 
 @pytest.mark.skipif(not confine.available(), reason="this kernel does not enforce Landlock (Linux 5.13+)")
-def test_a_confined_rank_starts_threads_but_no_process_and_signals_no_one_outside() -> None:
-    done = subprocess.run([sys.executable, "-c", FORBIDDEN_PROCESSES], capture_output=True, text=True, timeout=60)
+def test_a_confined_rank_starts_threads_but_no_process_and_signals_no_one_outside(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", FORBIDDEN_PROCESSES, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     scoped = "PermissionError" if confine.signals_scoped() else "ZeroDivisionError"  # Linux < 6.12: no scopes
     assert done.stdout.split() == ["fork:PermissionError", "program:PermissionError", "pidfd:PermissionError",
