@@ -117,6 +117,10 @@ def preload_grading() -> None:
             print(f"distlab launcher: could not preload the grading modules: {exc}", file=sys.stderr)
 
 
+class _KernelGone(Exception):
+    """A message to the kernel could not be sent: it has died."""
+
+
 class Launcher:
     def __init__(self, conn: Connection, path: str, key: bytes, parent: int) -> None:
         self.conn = conn
@@ -132,15 +136,19 @@ class Launcher:
         self._next_quota_check = 0.0
 
     def serve(self) -> bool:
-        """Spawn and reap ranks until the kernel says stop (False) or is gone (True)."""
+        """Spawn and reap ranks until the kernel says stop (False) or is gone (True). Any other
+        error propagates: its traceback in the launcher's log is what the kernel shows."""
         idle_since = time.monotonic()
         extras_loaded = False
         try:
             while os.getppid() == self.parent:
-                if self.conn.poll(POLL_SECONDS):
-                    message = protocol.recv(self.conn)
-                    if isinstance(message, Shutdown):
-                        return False
+                try:
+                    message = protocol.recv(self.conn) if self.conn.poll(POLL_SECONDS) else None
+                except (EOFError, OSError):
+                    return True  # the kernel is gone: its connection may end before we get a new parent
+                if isinstance(message, Shutdown):
+                    return False
+                if message is not None:
                     self.handle(message)
                     idle_since = time.monotonic()
                 elif not extras_loaded and time.monotonic() - idle_since > EXTRAS_AFTER_IDLE:
@@ -150,11 +158,16 @@ class Launcher:
                 self.police_quotas()
                 self.reap()
             return True
-        except (EOFError, OSError):
-            # the kernel is gone: the end of its connection may come before we are given a new parent
+        except _KernelGone:
             return True
         finally:
             self.kill_all()
+
+    def _tell_kernel(self, message: protocol.Message) -> None:
+        try:
+            protocol.send(self.conn, message)
+        except OSError:
+            raise _KernelGone from None
 
     def handle(self, message: protocol.Message) -> None:
         if isinstance(message, SpawnRanks):
@@ -359,7 +372,7 @@ class Launcher:
                 with contextlib.suppress(OSError):
                     os.unlink(self._stack_path(pool_id, generation, rank))
                 code = os.waitstatus_to_exitcode(status)
-                protocol.send(self.conn, RankExited(pool_id, generation, rank, pid, code, reason))
+                self._tell_kernel(RankExited(pool_id, generation, rank, pid, code, reason))
 
     def kill_all(self) -> None:
         for pid in list(self.children):
@@ -518,18 +531,17 @@ def main() -> None:
     """``python -m distlab.launcher FOLDER``: FOLDER is the kernel's (distlab.prestart), which the
     launcher removes if the kernel dies without doing so: it is the last of the kernel's processes."""
     folder = sys.argv[1] if len(sys.argv) > 1 else ""
-    kernel_gone = True
+    kernel = os.getppid()
+    gone = False
     try:
-        kernel_gone = _serve_the_kernel()
+        gone = _serve_the_kernel(kernel)
     finally:
-        if kernel_gone and folder:
+        if folder and (gone or os.getppid() != kernel):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _serve_the_kernel() -> bool:
-    """Serve until the kernel stops us (False) or is gone (True); an error in between propagates
-    and leaves the folder, whose log the kernel shows."""
-    kernel = os.getppid()
+def _serve_the_kernel(kernel: int) -> bool:
+    """Serve until the kernel stops us (False) or is gone (True)."""
     adopt_orphans()
     preload()  # first: the kernel writes where to connect meanwhile (see distlab.prestart)
     line = sys.stdin.readline()
