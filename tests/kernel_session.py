@@ -17,6 +17,11 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 from jupyter_client.utils import run_sync
 
+# evaluated in a kernel with the kit loaded: [its folder in /tmp, its launcher's pid], which must
+# both be gone after the kernel is, however it ended
+HUB_FOLDER_AND_LAUNCHER = ("[__import__('distlab.hub').hub.Hub.get().dir, "
+                           "__import__('distlab.hub').hub.Hub.get().launcher.pid]")
+
 
 class _UnixSockets:
     """A kernel that talks over Unix sockets in a directory of its own, not over TCP ports.

@@ -20,15 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernel_session import AsyncUnixSocketKernelManager, KernelSession
+from kernel_session import HUB_FOLDER_AND_LAUNCHER, AsyncUnixSocketKernelManager, KernelSession
 from procs import wait_gone
 from slurm_cluster import LOOP_CELL, NETWORK, NODE_IFACES, NODES, SlurmCluster, skip_reason, when_every_rank_is_looping
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
-HUB_FOLDER_AND_LAUNCHER = ("[__import__('distlab.hub').hub.Hub.get().dir, "
-                           "__import__('distlab.hub').hub.Hub.get().launcher.pid]")
 START = f'%dist_start -n 4 --launcher slurm --iface {NETWORK} --srun-args "--nodes=2 --ntasks-per-node=2"'
 
 

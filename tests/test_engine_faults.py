@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from kernel_session import KernelSession
+from kernel_session import HUB_FOLDER_AND_LAUNCHER, KernelSession
 from procs import children, signal_pending, wait_gone
 
 PIDS = "[h.pid for _, h in sorted(__import__('distlab.magic').magic.session().pool.handles.items())]"
@@ -230,8 +230,7 @@ def test_a_kernel_killed_right_after_load_ext_leaves_no_folder() -> None:
     folder (a SLURM kernel killed while its request was pending left it so)."""
     session = KernelSession()
     session.execute("%load_ext distlab")
-    folder, launcher = session.value("[__import__('distlab.hub').hub.Hub.get().dir, "
-                                     "__import__('distlab.hub').hub.Hub.get().launcher.pid]")
+    folder, launcher = session.value(HUB_FOLDER_AND_LAUNCHER)
     session.kill()
     assert wait_gone([launcher], within=10.0) == []
     assert not os.path.exists(folder)
