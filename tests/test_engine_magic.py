@@ -726,6 +726,10 @@ def test_input_on_a_rank_says_why_it_cannot_read(kernel: KernelSession) -> None:
 def test_a_script_whose_argparse_finds_no_arguments_says_how_to_give_them(kernel: KernelSession) -> None:
     """A training script pasted into a cell parses its command line, which a rank does not have:
     the failure says so and how to pass the arguments; the way it names works."""
+    defaults = kernel.execute("%%dist\nimport argparse, sys\np = argparse.ArgumentParser()\n"
+                              "p.add_argument('--lr', type=float, default=0.1)\nprint(p.parse_args().lr, sys.argv[1:])")
+    assert defaults.error is None, defaults.traceback  # no arguments at all: the defaults hold
+    assert sorted(defaults.stdout.splitlines()) == [f"[rank {r}] 0.1 []" for r in range(4)], defaults.stdout
     parser = ("import argparse, sys\np = argparse.ArgumentParser()\n"
               "p.add_argument('--lr', type=float, required=True)\n")
     reply = kernel.execute(f"%%dist\n{parser}args = p.parse_args()")

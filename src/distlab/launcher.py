@@ -530,7 +530,7 @@ def _kill_group(pid: int) -> None:
 def main() -> None:
     """``python -m distlab.launcher FOLDER``: FOLDER is the kernel's (distlab.prestart), which the
     launcher removes if the kernel dies without doing so: it is the last of the kernel's processes."""
-    folder = sys.argv[1] if len(sys.argv) > 1 else ""
+    folder = sys.argv.pop(1) if len(sys.argv) > 1 else ""  # ranks inherit sys.argv: a script's argparse reads it
     kernel = os.getppid()
     gone = False
     try:
