@@ -63,18 +63,13 @@ def judge(part: Part, batch: Batch, records: list[Any]) -> str | None:
                                          exact=case.op in ("MAX", "MIN") or case.dtype == "int64",
                                          original=make_input(case, ws, rank))
         if problem is None:
-            size = _group_size(case, ws, rank)
+            size = len(case.members(ws, rank))  # the ranks it reduces with: its subgroup's, or all
             problem = compare.comm_problem(record, allowed=("reduce_scatter", "all_gather"),
                                            required=("reduce_scatter", "all_gather") if case.check_comm else (),
                                            limit_elements=2 * size * -(-case.numel // size))
         return problem
 
     return compare.first_problem(batch, records, check)
-
-
-def _group_size(case: Case, world_size: int, rank: int) -> int:
-    """How many ranks ``rank`` reduces with in ``case``: its subgroup's, or every rank."""
-    return next((len(ranks) for ranks in case.groups if rank in ranks), world_size)
 
 
 def only_rs_ag(record: dict[str, Any]) -> str | None:
